@@ -1,0 +1,212 @@
+//! Shared machinery for kernels that reduce along the last axis of a `[rows, width]` tensor.
+//!
+//! A cube holds `rows_per_cube` rows, each handled by `units_per_row` units along the cube's x
+//! axis. Every unit keeps its `vectors_per_unit` vectors of the row in registers, so a row is read
+//! from global memory once even though it is used twice (statistics, then the normalized write).
+
+use cubecl::prelude::*;
+
+/// Compile-time shape of a row kernel launch. Distinct values compile distinct kernels, so the
+/// host keeps the set small: it depends only on the row width and the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RowLayout {
+    /// Units cooperating on one row (a power of two).
+    pub units_per_row: usize,
+    /// Rows processed by one cube.
+    pub rows_per_cube: usize,
+    /// Vectors of the row held in registers by each unit.
+    pub vectors_per_unit: usize,
+    /// Plane (warp) size when the reduction may use plane operations; 0 selects the portable
+    /// shared-memory reduction.
+    pub plane_size: usize,
+}
+
+/// The most vectors one unit keeps in registers. Beyond this the row is too wide for the
+/// register-resident design and the launch is refused with a clear error.
+pub const MAX_VECTORS_PER_UNIT: usize = 32;
+
+/// Error for a row that does not fit the register-resident kernels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowTooWide {
+    pub width: usize,
+    pub max: usize,
+}
+
+impl RowLayout {
+    /// Choose a layout for rows of `width_vectors` vectors on `client`.
+    ///
+    /// Aims for about four vectors per unit (enough independent loads in flight) and cubes of
+    /// about 256 units, within the device's limits.
+    pub fn new<R: Runtime>(
+        client: &ComputeClient<R>,
+        width_vectors: usize,
+        vector_size: usize,
+    ) -> Result<Self, RowTooWide> {
+        const TARGET_VECTORS_PER_UNIT: usize = 4;
+        const TARGET_UNITS_PER_CUBE: usize = 256;
+        let props = client.properties();
+        let max_units = (props.hardware.max_units_per_cube as usize)
+            .min(props.hardware.max_cube_dim.0 as usize)
+            .min(1024);
+        let max_units = prev_power_of_two(max_units.max(1));
+        let width_vectors = width_vectors.max(1);
+        let units_per_row = width_vectors
+            .div_ceil(TARGET_VECTORS_PER_UNIT)
+            .next_power_of_two()
+            .min(max_units);
+        let vectors_per_unit = width_vectors.div_ceil(units_per_row);
+        if vectors_per_unit > MAX_VECTORS_PER_UNIT {
+            return Err(RowTooWide {
+                width: width_vectors * vector_size,
+                max: max_units * MAX_VECTORS_PER_UNIT * vector_size,
+            });
+        }
+        let rows_per_cube = (TARGET_UNITS_PER_CUBE / units_per_row)
+            .clamp(1, props.hardware.max_cube_dim.1 as usize)
+            .min(max_units / units_per_row)
+            .max(1);
+        Ok(Self {
+            units_per_row,
+            rows_per_cube,
+            vectors_per_unit,
+            plane_size: plane_size_for_reduction(client),
+        })
+    }
+
+    /// Cube dimension: x spans the units of a row, y the rows of a cube.
+    pub fn cube_dim(&self) -> CubeDim {
+        CubeDim::new_2d(self.units_per_row as u32, self.rows_per_cube as u32)
+    }
+
+    /// Cubes for a grid-stride launch over `rows` rows: enough to fill the device a few times
+    /// over, few enough that per-cube partial sums (dγ) stay small next to the activations.
+    pub fn grid_stride_cubes<R: Runtime>(&self, client: &ComputeClient<R>, rows: usize) -> usize {
+        let sms = client
+            .properties()
+            .hardware
+            .num_streaming_multiprocessors
+            .unwrap_or(64) as usize;
+        rows.div_ceil(self.rows_per_cube).clamp(1, sms * 4)
+    }
+
+    /// Trip count of the grid-stride loop of `cubes` cubes over `rows` rows.
+    pub fn grid_stride_iterations(&self, rows: usize, cubes: usize) -> usize {
+        rows.div_ceil(cubes * self.rows_per_cube)
+    }
+
+    /// Rows of the f32 partial-sum buffer that `cubes` grid-stride cubes write (one per row slot).
+    pub fn partial_rows(&self, cubes: usize) -> usize {
+        cubes * self.rows_per_cube
+    }
+
+    /// Enough cubes to cover `rows` rows. The count may overshoot, so kernels bound-check rows.
+    pub fn cube_count<R: Runtime>(&self, client: &ComputeClient<R>, rows: usize) -> CubeCount {
+        let cubes = rows.div_ceil(self.rows_per_cube).max(1);
+        cubecl::calculate_cube_count_elemwise(client, cubes, CubeDim::new_single())
+    }
+}
+
+/// The plane size to reduce with, or 0 when plane operations are unavailable or the plane size
+/// is not fixed (the butterfly below needs it at compile time).
+fn plane_size_for_reduction<R: Runtime>(client: &ComputeClient<R>) -> usize {
+    let props = client.properties();
+    let hw = &props.hardware;
+    let fixed = hw.plane_size_min == hw.plane_size_max && hw.plane_size_max.is_power_of_two();
+    if fixed && props.features.plane.contains(cubecl::ir::features::Plane::Ops) {
+        hw.plane_size_max as usize
+    } else {
+        0
+    }
+}
+
+fn prev_power_of_two(n: usize) -> usize {
+    1 << (usize::BITS - 1 - n.leading_zeros())
+}
+
+/// Index of the row this unit works on, counted over the whole launch.
+#[cube]
+pub fn row_index(#[comptime] layout: RowLayout) -> usize {
+    CUBE_POS * layout.rows_per_cube + UNIT_POS_Y as usize
+}
+
+/// Sum `value` over the units of this unit's row; every unit of the row gets the total.
+///
+/// Every unit of the cube must call this (it may synchronize the cube), including units whose
+/// row is out of range: they pass 0.
+#[cube]
+pub fn row_sum(value: f32, #[comptime] layout: RowLayout) -> f32 {
+    let units = layout.units_per_row;
+    let plane = layout.plane_size;
+    if comptime!(plane > 0 && units <= plane) {
+        // Butterfly inside aligned groups of `units` lanes: rows never mix.
+        let mut total = value;
+        #[unroll]
+        for step in 0..comptime!(units.trailing_zeros()) {
+            total += plane_shuffle_xor(total, 1u32 << step);
+        }
+        total
+    } else if comptime!(plane > 0) {
+        let planes_per_row = comptime!(units / plane);
+        let mut partials = SharedMemory::<f32>::new(comptime!(planes_per_row * layout.rows_per_cube));
+        let base = UNIT_POS_Y as usize * planes_per_row;
+        let in_plane = plane_sum(value);
+        if UNIT_POS_PLANE == 0 {
+            partials[base + UNIT_POS_X as usize / plane] = in_plane;
+        }
+        sync_cube();
+        let mut total = 0.0f32;
+        #[unroll]
+        for p in 0..planes_per_row {
+            total += partials[base + p];
+        }
+        total
+    } else {
+        let mut scratch = SharedMemory::<f32>::new(comptime!(units * layout.rows_per_cube));
+        let base = UNIT_POS_Y as usize * units;
+        let x = UNIT_POS_X as usize;
+        scratch[base + x] = value;
+        sync_cube();
+        #[unroll]
+        for step in 0..comptime!(units.trailing_zeros()) {
+            let stride = units >> (step + 1);
+            if x < stride {
+                scratch[base + x] += scratch[base + x + stride];
+            }
+            sync_cube();
+        }
+        scratch[base]
+    }
+}
+
+/// Largest vector width (in elements) that divides `width`, keeps loads within `max_bytes`, and
+/// is offered by the device for elements of `elem_size` bytes.
+pub fn vector_size_for<R: Runtime>(
+    client: &ComputeClient<R>,
+    width: usize,
+    elem_size: usize,
+    max_bytes: usize,
+) -> usize {
+    client
+        .io_optimized_vector_sizes(elem_size)
+        .filter(|&v| v * elem_size <= max_bytes && width % v == 0)
+        .max()
+        .unwrap_or(1)
+}
+
+/// Cube geometry for a plain elementwise kernel over `units` work items.
+pub fn elementwise_geometry<R: Runtime>(client: &ComputeClient<R>, units: usize) -> (CubeCount, CubeDim) {
+    let cube_dim = CubeDim::new(client, units);
+    let cube_count = cubecl::calculate_cube_count_elemwise(client, units, cube_dim);
+    (cube_count, cube_dim)
+}
+
+/// Sum of the lanes of a vector.
+#[cube]
+pub fn lane_sum<N: Size>(v: Vector<f32, N>) -> f32 {
+    let mut total = 0.0f32;
+    #[unroll]
+    for i in 0..N::value() {
+        total += v[i];
+    }
+    total
+}

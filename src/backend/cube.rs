@@ -1,0 +1,67 @@
+//! Glue between Burn's `CubeTensor` and the launch functions of `kiln-kernels`.
+
+use burn::tensor::{DType, Shape};
+use burn_cubecl::{
+    CubeRuntime,
+    kernel::into_contiguous,
+    ops::numeric::{empty_device_contiguous_dtype, zeros_client},
+    tensor::CubeTensor,
+};
+use cubecl::prelude::StorageType;
+
+/// A fresh, dense row-major tensor on the device of `like` (never pitched: the kernels index
+/// `row * width + col`).
+pub(crate) fn empty_like_device<R: CubeRuntime>(
+    like: &CubeTensor<R>,
+    shape: impl Into<Shape>,
+    dtype: DType,
+) -> CubeTensor<R> {
+    empty_device_contiguous_dtype(like.client.clone(), like.device.clone(), shape.into(), dtype)
+}
+
+/// A zero-filled one-element placeholder for kernel bindings a launch leaves unused.
+pub(crate) fn placeholder<R: CubeRuntime>(like: &CubeTensor<R>) -> CubeTensor<R> {
+    zeros_client(like.client.clone(), like.device.clone(), Shape::new([1]), like.dtype)
+}
+
+/// The tensor in dense row-major layout (a no-op when it already is).
+pub(crate) fn dense<R: CubeRuntime>(tensor: CubeTensor<R>) -> CubeTensor<R> {
+    into_contiguous(tensor)
+}
+
+/// The tensor with a unit stride on its last axis, other strides left as they are (rotary ops read
+/// strided heads directly).
+pub(crate) fn unit_last_stride<R: CubeRuntime>(tensor: CubeTensor<R>) -> CubeTensor<R> {
+    let rank = tensor.meta.num_dims();
+    if tensor.meta.strides()[rank - 1] == 1 {
+        tensor
+    } else {
+        into_contiguous(tensor)
+    }
+}
+
+/// The kernel storage type of a tensor's dtype.
+pub(crate) fn storage<R: CubeRuntime>(tensor: &CubeTensor<R>) -> StorageType {
+    tensor.dtype.into()
+}
+
+/// Element strides of a tensor.
+pub(crate) fn strides<R: CubeRuntime>(tensor: &CubeTensor<R>) -> Vec<usize> {
+    tensor.meta.strides().iter().copied().collect()
+}
+
+/// Reduce a `[partials, width]` f32 buffer of per-cube sums to `[width]` in `dtype`.
+pub(crate) fn sum_partials<R, F, I, BT>(partials: CubeTensor<R>, dtype: DType) -> CubeTensor<R>
+where
+    R: CubeRuntime,
+    F: burn_cubecl::FloatElement,
+    I: burn_cubecl::IntElement,
+    BT: burn_cubecl::BoolElement,
+{
+    use burn::tensor::{FloatDType, TensorMetadata, ops::FloatTensorOps};
+    type B<R, F, I, BT> = burn_cubecl::CubeBackend<R, F, I, BT>;
+    let width = partials.shape()[1];
+    let summed = B::<R, F, I, BT>::float_sum_dim(partials, 0);
+    let flat = B::<R, F, I, BT>::float_reshape(summed, Shape::new([width]));
+    B::<R, F, I, BT>::float_cast(flat, FloatDType::from(dtype))
+}

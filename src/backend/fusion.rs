@@ -1,0 +1,67 @@
+//! One generic way to put a kiln op into Burn's fusion stream.
+//!
+//! Burn's `Cuda` and `Wgpu` are `Fusion<CubeBackend<..>>`: operations are recorded and executed
+//! lazily. A kiln op is registered as a custom operation whose execution calls the inner
+//! backend's implementation of the same op (the CubeCL kernel); fusion orders it against the
+//! surrounding operations and frees its inputs like any other operation.
+
+use core::fmt::Debug;
+use core::marker::PhantomData;
+
+use burn::tensor::{DType, Shape, ops::FloatTensor};
+use burn_fusion::{
+    Fusion, FusionBackend, FusionRuntime, FusionTensor,
+    stream::{Operation, OperationStreams},
+};
+use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
+
+/// The body of a custom fusion operation: float inputs in, float outputs out, on the inner
+/// backend. Implementors carry the op's non-tensor parameters.
+pub(crate) trait FusedOp<B: FusionBackend>: Clone + Debug + Send + Sync + 'static {
+    fn run(&self, inputs: Vec<FloatTensor<B>>) -> Vec<FloatTensor<B>>;
+}
+
+#[derive(Clone, Debug)]
+struct CustomOp<B, O> {
+    desc: CustomOpIr,
+    op: O,
+    _backend: PhantomData<B>,
+}
+
+impl<B: FusionBackend, O: FusedOp<B>> Operation<B::FusionRuntime> for CustomOp<B, O> {
+    fn execute(&self, handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>) {
+        let inputs = self.desc.inputs.iter().map(|t| handles.get_float_tensor::<B>(t)).collect();
+        let outputs = self.op.run(inputs);
+        assert_eq!(outputs.len(), self.desc.outputs.len(), "kiln fusion op `{}` output count", self.desc.id);
+        for (ir, tensor) in self.desc.outputs.iter().zip(outputs) {
+            handles.register_float_tensor::<B>(&ir.id, tensor);
+        }
+    }
+}
+
+/// Record `op` named `name` on the fusion stream of `inputs` and return its outputs, whose shapes
+/// and dtypes are given up front.
+pub(crate) fn register<B: FusionBackend, O: FusedOp<B>>(
+    name: &'static str,
+    inputs: Vec<FloatTensor<Fusion<B>>>,
+    outputs: Vec<(Shape, DType)>,
+    op: O,
+) -> Vec<FusionTensor<B::FusionRuntime>> {
+    let client = inputs[0].client.clone();
+    let streams = OperationStreams::with_inputs(inputs.iter());
+    let outputs: Vec<TensorIr> = outputs
+        .into_iter()
+        .map(|(shape, dtype)| TensorIr::uninit(client.create_empty_handle(), shape, dtype))
+        .collect();
+    let inputs: Vec<TensorIr> = inputs.into_iter().map(FusionTensor::into_ir).collect();
+    let desc = CustomOpIr::new(name, &inputs, &outputs);
+    client.register(
+        streams,
+        OperationIr::Custom(desc.clone()),
+        CustomOp::<B, O> {
+            desc,
+            op,
+            _backend: PhantomData,
+        },
+    )
+}

@@ -1,0 +1,38 @@
+//! The public functional API on `Tensor<B, D>` and, per op, its backend trait, reference
+//! implementation, CubeCL implementation, fusion registration and autodiff backward.
+
+pub mod rms_norm;
+pub mod rms_norm_rope;
+pub mod rope;
+pub mod swiglu;
+
+pub use rms_norm::{rms_norm, rms_norm_residual};
+pub use rms_norm_rope::rms_norm_rope;
+pub use rope::{RopeTable, rope};
+pub use swiglu::{geglu, swiglu};
+
+use burn::tensor::{Tensor, TensorPrimitive, backend::Backend, ops::FloatTensor};
+
+/// Unwrap a float tensor into its backend primitive.
+pub(crate) fn prim<B: Backend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
+    t.into_primitive().tensor()
+}
+
+/// Wrap a backend primitive of rank `D` into a tensor.
+pub(crate) fn wrap<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(t))
+}
+
+/// Unwrap a float tensor into a primitive of the given (any-rank) shape.
+pub(crate) fn prim_as<B: Backend, const D: usize>(t: Tensor<B, D>, shape: burn::tensor::Shape) -> FloatTensor<B> {
+    B::float_reshape(prim(t), shape)
+}
+
+/// The dtype the references compute in: f64 stays f64 (the tests' oracle), everything else is
+/// promoted to f32, as the kernels do.
+pub(crate) fn compute_dtype(dtype: burn::tensor::DType) -> burn::tensor::FloatDType {
+    match dtype {
+        burn::tensor::DType::F64 => burn::tensor::FloatDType::F64,
+        _ => burn::tensor::FloatDType::F32,
+    }
+}

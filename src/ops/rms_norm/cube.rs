@@ -1,0 +1,109 @@
+//! RMSNorm on CubeCL backends: shape bookkeeping and allocation around `kiln_kernels::rms_norm`.
+
+use burn::tensor::{DType, TensorMetadata, ops::FloatTensor};
+use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement, tensor::CubeTensor};
+use kiln_kernels::rms_norm::{
+    RmsNormBackwardArgs, RmsNormForwardArgs, RmsNormPlan, launch_backward, launch_forward,
+};
+
+use super::{RmsNormBackend, RmsNormOutput};
+use crate::backend::cube::{dense, empty_like_device, placeholder, storage};
+use crate::ops::rms_norm::reference;
+
+/// `(rows, width)` of a `[.., width]` tensor.
+fn rows_width<R: CubeRuntime>(x: &CubeTensor<R>) -> (usize, usize) {
+    let shape = x.shape();
+    let width = shape[shape.num_dims() - 1];
+    (shape.num_elements() / width.max(1), width)
+}
+
+fn plan<R: CubeRuntime>(op: &str, x: &CubeTensor<R>, width: usize) -> RmsNormPlan {
+    RmsNormPlan::new(&x.client, width, x.dtype.size()).unwrap_or_else(|e| {
+        panic!("kiln::{op}: rows of {} elements exceed the kernel's limit of {}", e.width, e.max)
+    })
+}
+
+impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> RmsNormBackend
+    for CubeBackend<R, F, I, BT>
+{
+    fn rms_norm_forward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        residual: Option<FloatTensor<Self>>,
+        epsilon: f64,
+    ) -> RmsNormOutput<Self> {
+        let (rows, width) = rows_width(&x);
+        if width == 0 || rows == 0 {
+            return reference::forward::<Self>(x, gamma, residual, epsilon);
+        }
+        let plan = plan("rms_norm", &x, width);
+        let (x, gamma) = (dense(x), dense(gamma));
+        let client = x.client.clone();
+        let output = empty_like_device(&x, x.shape(), x.dtype);
+        let rstd = empty_like_device(&x, [rows], DType::F32);
+        let has_residual = residual.is_some();
+        let (residual, residual_out) = match residual {
+            Some(r) => (dense(r), Some(empty_like_device(&x, x.shape(), x.dtype))),
+            None => (x.clone(), None),
+        };
+        let residual_out_arg = residual_out.clone().unwrap_or_else(|| placeholder(&x));
+        launch_forward(
+            &client,
+            &plan,
+            storage(&x),
+            rows,
+            width,
+            epsilon as f32,
+            RmsNormForwardArgs {
+                x: x.into_tensor_arg(),
+                residual: residual.into_tensor_arg(),
+                gamma: gamma.into_tensor_arg(),
+                y: output.clone().into_tensor_arg(),
+                residual_out: residual_out_arg.into_tensor_arg(),
+                rstd: rstd.clone().into_tensor_arg(),
+                has_residual,
+            },
+        );
+        RmsNormOutput {
+            output,
+            residual: residual_out,
+            rstd,
+        }
+    }
+
+    fn rms_norm_backward(
+        h: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (rows, width) = rows_width(&h);
+        if width == 0 || rows == 0 {
+            return reference::backward::<Self>(h, gamma, rstd, dy);
+        }
+        let plan = plan("rms_norm", &h, width);
+        let (h, gamma, rstd, dy) = (dense(h), dense(gamma), dense(rstd), dense(dy));
+        let client = h.client.clone();
+        let cubes = plan.layout.grid_stride_cubes(&client, rows);
+        let dh = empty_like_device(&h, h.shape(), h.dtype);
+        let partials = empty_like_device(&h, [plan.layout.partial_rows(cubes), width], DType::F32);
+        let gamma_dtype = gamma.dtype;
+        launch_backward(
+            &client,
+            &plan,
+            storage(&h),
+            rows,
+            width,
+            cubes,
+            RmsNormBackwardArgs {
+                h: h.into_tensor_arg(),
+                gamma: gamma.into_tensor_arg(),
+                rstd: rstd.into_tensor_arg(),
+                dy: dy.into_tensor_arg(),
+                dh: dh.clone().into_tensor_arg(),
+                dgamma_partials: partials.clone().into_tensor_arg(),
+            },
+        );
+        (dh, crate::backend::cube::sum_partials::<R, F, I, BT>(partials, gamma_dtype))
+    }
+}

@@ -1,0 +1,229 @@
+//! One case type per op: each runs the op forward and backward, either through kiln (`kernel`)
+//! or through its reference implementation, and returns every output and gradient on the host.
+
+use burn::tensor::{DType, Tensor, TensorPrimitive, backend::Backend};
+use kiln::KilnAutodiffBackend;
+use kiln::ops::{self, RopeTable, rms_norm, rms_norm_rope, rope, rope::RopeScaling, swiglu, swiglu::GluActivation};
+
+use super::{Comparison, Oracle, compare, poison, random, tensor, values};
+
+type Outputs = Vec<(&'static str, Vec<f64>)>;
+
+/// An op invocation with fixed shapes and data.
+pub trait Case {
+    fn run<B: KilnAutodiffBackend>(&self, device: &B::Device, dtype: DType, kernel: bool) -> Outputs;
+    /// Length of the longest reduction behind an output element (scales the rounding term).
+    fn depth(&self) -> f64;
+    /// Elements the outputs need, for poisoning the memory pool.
+    fn footprint(&self) -> usize;
+}
+
+/// Run `case` through kiln and the reference on `B` in `dtype`, and through the f64 oracle.
+pub fn check<B: KilnAutodiffBackend, C: Case>(case: &C, device: &B::Device, dtype: DType) -> Vec<Comparison> {
+    poison::<B>(device, case.footprint() * 4, dtype);
+    let kernel = case.run::<B>(device, dtype, true);
+    let reference = case.run::<B>(device, dtype, false);
+    let oracle = case.run::<Oracle>(&Default::default(), DType::F64, false);
+    kernel
+        .iter()
+        .zip(&reference)
+        .zip(&oracle)
+        .map(|(((name, k), (_, r)), (_, o))| compare(name, k, r, o, dtype, case.depth()))
+        .collect()
+}
+
+fn prim<B: Backend, const D: usize>(t: Tensor<B, D>) -> burn::tensor::ops::FloatTensor<B> {
+    t.into_primitive().tensor()
+}
+
+fn wrap<B: Backend, const D: usize>(t: burn::tensor::ops::FloatTensor<B>) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(t))
+}
+
+/// `Σ out · w` for a fixed random `w`: a loss whose gradient w.r.t. `out` is `w`.
+fn weighted<B: Backend, const D: usize>(out: Tensor<B, D>, seed: u64, device: &B::Device) -> Tensor<B, 1> {
+    let w = tensor::<B, D>(&random(&out.dims(), seed), out.dtype(), device);
+    (out * w).sum()
+}
+
+fn grad<B: burn::tensor::backend::AutodiffBackend, const D: usize>(t: &Tensor<B, D>, grads: &B::Gradients) -> Vec<f64> {
+    values(t.grad(grads).expect("input has a gradient"))
+}
+
+/// `rms_norm(x [+ residual]) · γ` on `[a, b, width]`.
+pub struct RmsNormCase {
+    pub shape: [usize; 3],
+    pub residual: bool,
+    pub seed: u64,
+}
+
+impl Case for RmsNormCase {
+    fn run<B: KilnAutodiffBackend>(&self, device: &B::Device, dtype: DType, kernel: bool) -> Outputs {
+        const EPS: f64 = 1e-6;
+        let width = self.shape[2];
+        let x = tensor::<B, 3>(&random(&self.shape, self.seed), dtype, device).require_grad();
+        let r = tensor::<B, 3>(&random(&self.shape, self.seed + 1), dtype, device).require_grad();
+        let g = tensor::<B, 1>(&random(&[width], self.seed + 2), dtype, device).require_grad();
+        let (y, h) = match (kernel, self.residual) {
+            (true, true) => ops::rms_norm_residual(x.clone(), r.clone(), g.clone(), EPS),
+            (true, false) => (ops::rms_norm(x.clone(), g.clone(), EPS), x.clone()),
+            (false, residual) => {
+                let res = residual.then(|| prim(r.clone()));
+                let out = rms_norm::reference::forward::<B>(prim(x.clone()), prim(g.clone()), res, EPS);
+                (wrap(out.output), out.residual.map(wrap).unwrap_or_else(|| x.clone()))
+            }
+        };
+        let mut loss = weighted(y.clone(), self.seed + 3, device);
+        if self.residual {
+            loss = loss + weighted(h.clone(), self.seed + 4, device);
+        }
+        let grads = loss.backward();
+        let mut out = vec![("y", values(y)), ("dx", grad(&x, &grads)), ("dgamma", grad(&g, &grads))];
+        if self.residual {
+            out.push(("h", values(h)));
+            out.push(("dresidual", grad(&r, &grads)));
+        }
+        out
+    }
+
+    fn depth(&self) -> f64 {
+        (self.shape[2].max(self.shape[0] * self.shape[1])) as f64
+    }
+
+    fn footprint(&self) -> usize {
+        self.shape.iter().product::<usize>() * 3
+    }
+}
+
+/// RoPE on `[batch, seq, heads, head_dim]`, optionally given as a transposed
+/// `[batch, heads, seq, head_dim]` tensor's view.
+pub struct RopeCase {
+    pub shape: [usize; 4],
+    pub offset: usize,
+    pub transposed: bool,
+    pub scaling: RopeScaling,
+    pub seed: u64,
+}
+
+impl RopeCase {
+    fn table<B: Backend>(&self, device: &B::Device) -> RopeTable<B> {
+        RopeTable::new(self.shape[3], self.offset + self.shape[1] + 3, 10_000.0, self.scaling, device)
+    }
+}
+
+/// The input as `[batch, seq, heads, head_dim]`, built transposed when asked.
+fn heads_input<B: Backend>(shape: [usize; 4], transposed: bool, seed: u64, dtype: DType, device: &B::Device) -> Tensor<B, 4> {
+    let [b, s, h, d] = shape;
+    if transposed {
+        tensor::<B, 4>(&random(&[b, h, s, d], seed), dtype, device).require_grad()
+    } else {
+        tensor::<B, 4>(&random(&shape, seed), dtype, device).require_grad()
+    }
+}
+
+fn as_bshd<B: Backend>(t: Tensor<B, 4>, transposed: bool) -> Tensor<B, 4> {
+    if transposed { t.swap_dims(1, 2) } else { t }
+}
+
+impl Case for RopeCase {
+    fn run<B: KilnAutodiffBackend>(&self, device: &B::Device, dtype: DType, kernel: bool) -> Outputs {
+        let table = self.table::<B>(device);
+        let x = heads_input::<B>(self.shape, self.transposed, self.seed, dtype, device);
+        let xv = as_bshd(x.clone(), self.transposed);
+        let y = if kernel {
+            ops::rope(xv, &table, self.offset)
+        } else {
+            wrap(rope::reference::rotate::<B>(prim(xv), prim(table.cos()), prim(table.sin()), self.offset, false))
+        };
+        let grads = weighted(y.clone(), self.seed + 1, device).backward();
+        vec![("y", values(y)), ("dx", grad(&x, &grads))]
+    }
+
+    fn depth(&self) -> f64 {
+        2.0
+    }
+
+    fn footprint(&self) -> usize {
+        self.shape.iter().product::<usize>() * 2
+    }
+}
+
+/// Fused QK-norm + RoPE on q `[b, s, hq, d]` and k `[b, s, hk, d]`.
+pub struct RmsNormRopeCase {
+    pub batch: usize,
+    pub seq: usize,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub offset: usize,
+    pub transposed: bool,
+    pub seed: u64,
+}
+
+impl Case for RmsNormRopeCase {
+    fn run<B: KilnAutodiffBackend>(&self, device: &B::Device, dtype: DType, kernel: bool) -> Outputs {
+        const EPS: f64 = 1e-6;
+        let d = self.head_dim;
+        let table = RopeTable::<B>::new(d, self.offset + self.seq + 1, 1_000_000.0, RopeScaling::None, device);
+        let q = heads_input::<B>([self.batch, self.seq, self.q_heads, d], self.transposed, self.seed, dtype, device);
+        let k = heads_input::<B>([self.batch, self.seq, self.kv_heads, d], self.transposed, self.seed + 1, dtype, device);
+        let qg = tensor::<B, 1>(&random(&[d], self.seed + 2), dtype, device).require_grad();
+        let kg = tensor::<B, 1>(&random(&[d], self.seed + 3), dtype, device).require_grad();
+        let (qv, kv) = (as_bshd(q.clone(), self.transposed), as_bshd(k.clone(), self.transposed));
+        let (qo, ko) = if kernel {
+            ops::rms_norm_rope(qv, kv, qg.clone(), kg.clone(), &table, self.offset, EPS)
+        } else {
+            let out = rms_norm_rope::reference::forward::<B>(
+                prim(qv), prim(kv), prim(qg.clone()), prim(kg.clone()), prim(table.cos()), prim(table.sin()), self.offset, EPS,
+            );
+            (wrap(out.q), wrap(out.k))
+        };
+        let loss = weighted(qo.clone(), self.seed + 4, device) + weighted(ko.clone(), self.seed + 5, device);
+        let grads = loss.backward();
+        vec![
+            ("q", values(qo)),
+            ("k", values(ko)),
+            ("dq", grad(&q, &grads)),
+            ("dk", grad(&k, &grads)),
+            ("dq_gamma", grad(&qg, &grads)),
+            ("dk_gamma", grad(&kg, &grads)),
+        ]
+    }
+
+    fn depth(&self) -> f64 {
+        (self.head_dim.max(self.batch * self.seq * self.q_heads)) as f64
+    }
+
+    fn footprint(&self) -> usize {
+        self.batch * self.seq * (self.q_heads + self.kv_heads) * self.head_dim * 2
+    }
+}
+
+/// `act(gate) · up` on `[a, b]`.
+pub struct GluCase {
+    pub shape: [usize; 2],
+    pub activation: GluActivation,
+    pub seed: u64,
+}
+
+impl Case for GluCase {
+    fn run<B: KilnAutodiffBackend>(&self, device: &B::Device, dtype: DType, kernel: bool) -> Outputs {
+        let g = tensor::<B, 2>(&random(&self.shape, self.seed), dtype, device).require_grad();
+        let u = tensor::<B, 2>(&random(&self.shape, self.seed + 1), dtype, device).require_grad();
+        let y = match (kernel, self.activation) {
+            (true, GluActivation::Silu) => ops::swiglu(g.clone(), u.clone()),
+            (true, GluActivation::GeluTanh) => ops::geglu(g.clone(), u.clone()),
+            (false, act) => wrap(swiglu::reference::forward::<B>(prim(g.clone()), prim(u.clone()), act)),
+        };
+        let grads = weighted(y.clone(), self.seed + 2, device).backward();
+        vec![("y", values(y)), ("dgate", grad(&g, &grads)), ("dup", grad(&u, &grads))]
+    }
+
+    fn depth(&self) -> f64 {
+        2.0
+    }
+
+    fn footprint(&self) -> usize {
+        self.shape.iter().product::<usize>() * 3
+    }
+}
