@@ -1,0 +1,42 @@
+//! SwiGLU and GeGLU vs their references: forward and both gradients, ragged lengths, f32/f16.
+
+mod common;
+
+use burn::backend::{Autodiff, NdArray};
+use burn::tensor::{DType, Tensor};
+use common::checks::{GluCase, check};
+use common::assert_all;
+use kiln::ops::swiglu::GluActivation;
+
+const SHAPES: &[[usize; 2]] = &[[1, 1], [3, 7], [5, 33], [17, 300], [4, 1024], [2, 11008]];
+
+fn run_all<B: kiln::KilnAutodiffBackend>(device: &B::Device, dtypes: &[DType]) {
+    for &dtype in dtypes {
+        for (i, &shape) in SHAPES.iter().enumerate() {
+            for activation in [GluActivation::Silu, GluActivation::GeluTanh] {
+                let case = GluCase { shape, activation, seed: 3 * i as u64 };
+                assert_all(&format!("glu {shape:?} {activation:?} {dtype:?}"), &check::<B, _>(&case, device, dtype));
+            }
+        }
+    }
+}
+
+#[test]
+fn glu_matches_reference_on_wgpu() {
+    let Some(device) = common::wgpu_device() else { return };
+    run_all::<Autodiff<burn::backend::Wgpu>>(&device, &[DType::F32, DType::F16]);
+}
+
+#[test]
+fn glu_runs_through_autodiff_ndarray() {
+    run_all::<Autodiff<NdArray>>(&Default::default(), &[DType::F32]);
+}
+
+#[test]
+fn swiglu_rejects_mismatched_shapes() {
+    let device = Default::default();
+    let g = Tensor::<NdArray, 2>::ones([2, 8], &device);
+    let u = Tensor::<NdArray, 2>::ones([2, 9], &device);
+    let msg = common::panic_message(|| kiln::ops::swiglu(g, u));
+    assert!(msg.contains("kiln::swiglu") && msg.contains("[2, 8]") && msg.contains("[2, 9]"), "{msg}");
+}
