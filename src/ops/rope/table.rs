@@ -46,7 +46,9 @@ impl RopeScaling {
 }
 
 /// `cos`/`sin` of `position · inv_freq[i]` for `positions × head_dim/2` angles, f32 on the device.
-#[derive(Debug, Clone)]
+/// A module of constants: it sits inside a model, follows it across devices, and is never trained
+/// or saved.
+#[derive(burn::module::Module, Debug)]
 pub struct RopeTable<B: Backend> {
     cos: Tensor<B, 2>,
     sin: Tensor<B, 2>,

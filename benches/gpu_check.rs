@@ -1,0 +1,171 @@
+//! The GPU check: parity of every kiln op on CUDA (f32 and bf16, forward and backward, through the
+//! same harness as the CI tests) and timings at Llama-7B shapes next to Burn's composed ops.
+//!
+//! Build: `scripts/gpu-check-build` (one stripped binary in `gpu/`); run on the GPU machine:
+//! `gpu/kiln-gpu-check [parity|bench|all]`.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::time::Instant;
+
+use burn::backend::{Autodiff, Cuda, cuda::CudaDevice};
+use burn::tensor::{DType, Distribution, Tensor, activation, backend::Backend};
+use common::checks::{Case, GluCase, RmsNormCase, RmsNormRopeCase, RopeCase, check};
+use kiln::ops::{self, RopeTable, rope::RopeScaling, swiglu::GluActivation};
+
+type B = Cuda<f32>;
+type Ad = Autodiff<B>;
+
+fn parity(device: &CudaDevice) -> bool {
+    let mut ok = true;
+    let mut report = |name: String, comparisons: Vec<common::Comparison>| {
+        for c in &comparisons {
+            println!("parity {name:<58} {:<10} kernel_err {:.3e} ref_err {:.3e} bound {:.3e} {}", c.name, c.kernel_err, c.reference_err, c.bound, if c.passed() { "ok" } else { "FAIL" });
+        }
+        ok &= comparisons.iter().all(|c| c.passed());
+    };
+    for dtype in [DType::F32, DType::BF16] {
+        for shape in [[1, 3, 4096], [2, 37, 1000], [1, 17, 5000], [4, 64, 4096]] {
+            for residual in [false, true] {
+                let case = RmsNormCase { shape, residual, seed: 1 };
+                report(format!("rms_norm {shape:?} residual={residual} {dtype:?}"), run_check(&case, device, dtype));
+            }
+        }
+        for (shape, transposed) in [([2, 33, 32, 128], false), ([1, 100, 8, 64], true), ([1, 7, 4, 80], false)] {
+            let case = RopeCase { shape, offset: 3, transposed, scaling: RopeScaling::None, seed: 2 };
+            report(format!("rope {shape:?} transposed={transposed} {dtype:?}"), run_check(&case, device, dtype));
+        }
+        for (seq, hq, hk, d) in [(65, 32, 8, 128), (17, 14, 2, 64), (9, 4, 4, 80)] {
+            let case = RmsNormRopeCase { batch: 2, seq, q_heads: hq, kv_heads: hk, head_dim: d, offset: 5, transposed: false, seed: 3 };
+            report(format!("rms_norm_rope s{seq} hq{hq} hk{hk} d{d} {dtype:?}"), run_check(&case, device, dtype));
+        }
+        for shape in [[37, 11008], [3, 1001]] {
+            for activation in [GluActivation::Silu, GluActivation::GeluTanh] {
+                let case = GluCase { shape, activation, seed: 4 };
+                report(format!("glu {shape:?} {activation:?} {dtype:?}"), run_check(&case, device, dtype));
+            }
+        }
+    }
+    ok
+}
+
+fn run_check<C: Case>(case: &C, device: &CudaDevice, dtype: DType) -> Vec<common::Comparison> {
+    check::<Ad, C>(case, device, dtype)
+}
+
+/// Median seconds per call of `f` over `iters` calls (after a warm-up), syncing the device.
+fn time<T>(device: &CudaDevice, iters: usize, mut f: impl FnMut() -> T) -> f64 {
+    for _ in 0..3 {
+        drop(f());
+    }
+    B::sync(device).unwrap();
+    let mut samples = Vec::new();
+    for _ in 0..5 {
+        let start = Instant::now();
+        for _ in 0..iters {
+            drop(f());
+        }
+        B::sync(device).unwrap();
+        samples.push(start.elapsed().as_secs_f64() / iters as f64);
+    }
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+fn line(name: &str, seconds: f64, bytes: f64, copy_rate: f64) {
+    let rate = bytes / seconds;
+    println!("bench {name:<52} {:>9.3} ms {:>7.0} GB/s {:>5.1}% of copy", seconds * 1e3, rate / 1e9, 100.0 * rate / copy_rate);
+}
+
+fn rand<const D: usize>(shape: [usize; D], device: &CudaDevice) -> Tensor<B, D> {
+    Tensor::<B, D>::random(shape, Distribution::Normal(0.0, 1.0), device).cast(DType::BF16)
+}
+
+fn bench(device: &CudaDevice) {
+    const ITERS: usize = 20;
+    let bf = 2.0; // bytes per bf16 element
+    // Copy rate: a bf16 tensor clone through Burn (read + write), the denominator of "% of copy".
+    let big = rand([16384, 8192], device);
+    let copy_s = time(device, ITERS, || big.clone().mul_scalar(1.0));
+    let copy_rate = 2.0 * bf * 16384.0 * 8192.0 / copy_s;
+    println!("bench copy (x * 1, bf16 [16384, 8192]): {:.0} GB/s (read + write)", copy_rate / 1e9);
+    drop(big);
+
+    // RMSNorm [16384, 4096].
+    let (t, h) = (16384, 4096);
+    let x = rand([t, h], device);
+    let r = rand([t, h], device);
+    let g = rand([h], device);
+    let dy = rand([t, h], device);
+    let n = (t * h) as f64;
+    line("kiln rms_norm fwd bf16 [16384,4096]", time(device, ITERS, || ops::rms_norm(x.clone(), g.clone(), 1e-6)), 2.0 * n * bf, copy_rate);
+    line("kiln rms_norm+residual fwd bf16", time(device, ITERS, || ops::rms_norm_residual(x.clone(), r.clone(), g.clone(), 1e-6)), 4.0 * n * bf, copy_rate);
+    let burn_norm = burn::nn::RmsNormConfig::new(h).with_epsilon(1e-6).init::<B>(device);
+    let burn_norm = burn::nn::RmsNorm { gamma: burn::module::Param::from_tensor(g.clone()), ..burn_norm };
+    line("burn nn::RmsNorm fwd bf16", time(device, ITERS, || burn_norm.forward(x.clone())), 2.0 * n * bf, copy_rate);
+    let fwd = <B as kiln::ops::rms_norm::RmsNormBackend>::rms_norm_forward(x.clone().into_primitive().tensor(), g.clone().into_primitive().tensor(), None, 1e-6);
+    let rstd = fwd.rstd;
+    line("kiln rms_norm bwd bf16 (dx, dgamma)", time(device, ITERS, || {
+        <B as kiln::ops::rms_norm::RmsNormBackend>::rms_norm_backward(x.clone().into_primitive().tensor(), g.clone().into_primitive().tensor(), rstd.clone(), dy.clone().into_primitive().tensor())
+    }), 3.0 * n * bf, copy_rate);
+    let xa = Tensor::<Ad, 2>::from_inner(x.clone()).require_grad();
+    let ga = Tensor::<Ad, 1>::from_inner(g.clone()).require_grad();
+    let dya = Tensor::<Ad, 2>::from_inner(dy.clone());
+    line("kiln rms_norm fwd+bwd (autodiff) bf16", time(device, ITERS, || (ops::rms_norm(xa.clone(), ga.clone(), 1e-6) * dya.clone()).sum().backward()), 5.0 * n * bf, copy_rate);
+    let burn_norm_ad = burn::nn::RmsNorm::<Ad> { gamma: burn::module::Param::from_tensor(ga.clone()), epsilon: 1e-6 };
+    line("burn nn::RmsNorm fwd+bwd (autodiff) bf16", time(device, ITERS, || (burn_norm_ad.forward(xa.clone()) * dya.clone()).sum().backward()), 5.0 * n * bf, copy_rate);
+    drop((x, r, dy, xa, dya));
+
+    // SwiGLU [16384, 11008].
+    let (t, f) = (16384, 11008);
+    let gate = rand([t, f], device);
+    let up = rand([t, f], device);
+    let dy = rand([t, f], device);
+    let n = (t * f) as f64;
+    line("kiln swiglu fwd bf16 [16384,11008]", time(device, ITERS, || ops::swiglu(gate.clone(), up.clone())), 3.0 * n * bf, copy_rate);
+    line("burn silu(g)*u fwd bf16", time(device, ITERS, || activation::silu(gate.clone()) * up.clone()), 3.0 * n * bf, copy_rate);
+    line("kiln swiglu bwd bf16 (dg, du)", time(device, ITERS, || {
+        <B as kiln::ops::swiglu::SwiGluBackend>::glu_backward(gate.clone().into_primitive().tensor(), up.clone().into_primitive().tensor(), dy.clone().into_primitive().tensor(), GluActivation::Silu)
+    }), 5.0 * n * bf, copy_rate);
+    let (ga, ua, dya) = (Tensor::<Ad, 2>::from_inner(gate.clone()).require_grad(), Tensor::<Ad, 2>::from_inner(up.clone()).require_grad(), Tensor::<Ad, 2>::from_inner(dy.clone()));
+    line("kiln swiglu fwd+bwd (autodiff) bf16", time(device, ITERS, || (ops::swiglu(ga.clone(), ua.clone()) * dya.clone()).sum().backward()), 8.0 * n * bf, copy_rate);
+    line("burn silu(g)*u fwd+bwd (autodiff) bf16", time(device, ITERS, || ((activation::silu(ga.clone()) * ua.clone()) * dya.clone()).sum().backward()), 8.0 * n * bf, copy_rate);
+    drop((gate, up, dy, ga, ua, dya));
+
+    // RoPE and fused QK-norm + RoPE: q [4, 4096, 32, 128], k [4, 4096, 8, 128].
+    let (b, s, hq, hk, d) = (4, 4096, 32, 8, 128);
+    let table = RopeTable::<B>::new(d, s, 500_000.0, RopeScaling::None, device);
+    let q = rand([b, s, hq, d], device);
+    let k = rand([b, s, hk, d], device);
+    let qg = rand([d], device);
+    let nq = (b * s * hq * d) as f64;
+    let nqk = (b * s * (hq + hk) * d) as f64;
+    line("kiln rope fwd bf16 q[4,4096,32,128]", time(device, ITERS, || ops::rope(q.clone(), &table, 0)), 2.0 * nq * bf, copy_rate);
+    let burn_rope = burn::nn::RotaryEncodingConfig::new(s, d).with_theta(500_000.0).init::<B>(device);
+    let q_bhsd = q.clone().swap_dims(1, 2);
+    line("burn RotaryEncoding fwd bf16 q[4,32,4096,128]", time(device, ITERS, || burn_rope.forward(q_bhsd.clone())), 2.0 * nq * bf, copy_rate);
+    line("kiln rms_norm_rope fwd bf16 q+k", time(device, ITERS, || ops::rms_norm_rope(q.clone(), k.clone(), qg.clone(), qg.clone(), &table, 0, 1e-6)), 2.0 * nqk * bf, copy_rate);
+    let fwd = <B as kiln::ops::rms_norm_rope::RmsNormRopeBackend>::rms_norm_rope_forward(
+        q.clone().into_primitive().tensor(), k.clone().into_primitive().tensor(), qg.clone().into_primitive().tensor(), qg.clone().into_primitive().tensor(),
+        table.cos().into_primitive().tensor(), table.sin().into_primitive().tensor(), 0, 1e-6);
+    let dq = rand([b, s, hq, d], device);
+    line("kiln rms_norm_rope bwd bf16 q", time(device, ITERS, || {
+        <B as kiln::ops::rms_norm_rope::RmsNormRopeBackend>::rms_norm_rope_backward(q.clone().into_primitive().tensor(), qg.clone().into_primitive().tensor(), fwd.q_rstd.clone(), dq.clone().into_primitive().tensor(), table.cos().into_primitive().tensor(), table.sin().into_primitive().tensor(), 0)
+    }), 3.0 * nq * bf, copy_rate);
+}
+
+fn main() {
+    let mode = std::env::args().nth(1).unwrap_or_else(|| "all".into());
+    let device = CudaDevice::default();
+    println!("kiln GPU check on {device:?}, mode {mode}");
+    let mut ok = true;
+    if mode == "parity" || mode == "all" {
+        ok = parity(&device);
+        println!("parity: {}", if ok { "all passed" } else { "FAILURES" });
+    }
+    if mode == "bench" || mode == "all" {
+        bench(&device);
+    }
+    std::process::exit(if ok { 0 } else { 1 });
+}
