@@ -11,7 +11,8 @@ use std::sync::Arc;
 use burn::backend::{Autodiff, NdArray};
 use burn::config::Config;
 use burn::data::{dataloader::{DataLoaderBuilder, batcher::Batcher}, dataset::Dataset};
-use burn::module::Module;
+use burn::module::{AutodiffModule, Module};
+use burn::tensor::ElementConversion;
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, loss::CrossEntropyLossConfig};
 use burn::optim::AdamWConfig;
 use burn::tensor::{Int, Tensor, TensorData, backend::Backend, module::attention, ops::AttentionModuleOptions};
@@ -225,6 +226,10 @@ fn train<B: KilnAutodiffBackend>(device: B::Device, args: &Args) {
     let valid_loader = DataLoaderBuilder::<B::InnerBackend, _, _>::new(LmBatcher).batch_size(16 * scale).set_device(device.clone())
         .build(data(256, 2));
     let model = config.init::<B>(&device);
+    let probe_items = (0..64).filter_map(|i| data(256, 3).get(i)).collect();
+    let probe: LmBatch<B::InnerBackend> = LmBatcher.batch(probe_items, &device);
+    let loss_of = |m: &TinyLm<B::InnerBackend>| m.loss(probe.clone()).loss.into_scalar().elem::<f64>();
+    let before = loss_of(&model.valid());
     let optim = AdamWConfig::new().with_weight_decay(0.0).init::<B, TinyLm<B>>();
     let learner = Learner::new(model, optim, 3e-3);
     let result = SupervisedTraining::new(&args.dir, train_loader as Arc<_>, valid_loader as Arc<_>)
@@ -232,8 +237,9 @@ fn train<B: KilnAutodiffBackend>(device: B::Device, args: &Args) {
         .num_epochs(args.epochs)
         .summary()
         .launch(learner);
-    drop(result);
-    println!("training finished; loss curves and logs are in {}", args.dir);
+    let after = loss_of(&result.model);
+    println!("validation loss before training {before:.4}, after {after:.4} (uniform guess: {:.4})", (config.vocab as f64).ln());
+    println!("training finished; logs and metrics are in {}", args.dir);
 }
 
 /// Runs `f` and reports whether it completed without panicking (used to probe devices).

@@ -188,7 +188,7 @@ fn rms_norm_rope_backward_kernel<F: Float, N: Size>(
                     Vector::cast_from(dy[(dst + col) / N::value()]),
                     Vector::cast_from(dy[(dst + col + half) / N::value()]),
                     cos[angle],
-                    -sin[angle],
+                    Vector::new(0.0) - sin[angle],
                 );
                 da = ua;
                 db = ub;

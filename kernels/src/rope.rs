@@ -62,7 +62,8 @@ fn rope_kernel<F: Float, N: Size>(
     let c = cos[angle];
     let mut sn = sin[angle];
     if comptime!(inverse) {
-        sn = -sn;
+        // (0 − x, not −x: CUDA's vector types have no unary minus.)
+        sn = Vector::new(0.0) - sn;
     }
     let (o1, o2) = rotate_pair(x1, x2, c, sn);
     let dst = ((b * seq + s) * heads + h) * head_dim + col;

@@ -24,7 +24,7 @@ fn activation<N: Size>(g: Vector<f32, N>, #[comptime] act: GluActivation) -> (Ve
     let one = Vector::<f32, N>::new(1.0);
     match act {
         GluActivation::Silu => {
-            let sig = one / (one + (-g).exp());
+            let sig = one / (one + (Vector::new(0.0) - g).exp());
             (g * sig, sig * (one + g * (one - sig)))
         }
         GluActivation::GeluTanh => {
