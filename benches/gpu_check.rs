@@ -55,19 +55,20 @@ fn run_check<C: Case>(case: &C, device: &CudaDevice, dtype: DType) -> Vec<common
 }
 
 /// Median seconds per call of `f` over `iters` calls (after a warm-up), syncing the device.
+///
+/// Results stay alive until the device has synced: Burn's fusion skips work whose results are
+/// dropped unread, which would time nothing.
 fn time<T>(device: &CudaDevice, iters: usize, mut f: impl FnMut() -> T) -> f64 {
-    for _ in 0..3 {
-        drop(f());
-    }
+    let warm: Vec<T> = (0..3).map(|_| f()).collect();
     B::sync(device).unwrap();
+    drop(warm);
     let mut samples = Vec::new();
     for _ in 0..5 {
         let start = Instant::now();
-        for _ in 0..iters {
-            drop(f());
-        }
+        let results: Vec<T> = (0..iters).map(|_| f()).collect();
         B::sync(device).unwrap();
         samples.push(start.elapsed().as_secs_f64() / iters as f64);
+        drop(results);
     }
     samples.sort_by(f64::total_cmp);
     samples[samples.len() / 2]
@@ -112,6 +113,7 @@ fn bench(device: &CudaDevice) {
     let xa = Tensor::<Ad, 2>::from_inner(x.clone()).require_grad();
     let ga = Tensor::<Ad, 1>::from_inner(g.clone()).require_grad();
     let dya = Tensor::<Ad, 2>::from_inner(dy.clone());
+    line("loss ops alone (Σ y·dy fwd+bwd, autodiff) bf16", time(device, ITERS, || (xa.clone() * dya.clone()).sum().backward()), 3.0 * n * bf, copy_rate);
     line("kiln rms_norm fwd+bwd (autodiff) bf16", time(device, ITERS, || (ops::rms_norm(xa.clone(), ga.clone(), 1e-6) * dya.clone()).sum().backward()), 5.0 * n * bf, copy_rate);
     let burn_norm_ad = burn::nn::RmsNorm::<Ad> { gamma: burn::module::Param::from_tensor(ga.clone()), epsilon: 1e-6 };
     line("burn nn::RmsNorm fwd+bwd (autodiff) bf16", time(device, ITERS, || (burn_norm_ad.forward(xa.clone()) * dya.clone()).sum().backward()), 5.0 * n * bf, copy_rate);
@@ -129,6 +131,7 @@ fn bench(device: &CudaDevice) {
         <B as kiln::ops::swiglu::SwiGluBackend>::glu_backward(gate.clone().into_primitive().tensor(), up.clone().into_primitive().tensor(), dy.clone().into_primitive().tensor(), GluActivation::Silu)
     }), 5.0 * n * bf, copy_rate);
     let (ga, ua, dya) = (Tensor::<Ad, 2>::from_inner(gate.clone()).require_grad(), Tensor::<Ad, 2>::from_inner(up.clone()).require_grad(), Tensor::<Ad, 2>::from_inner(dy.clone()));
+    line("loss ops alone (Σ y·dy fwd+bwd, autodiff) bf16", time(device, ITERS, || (ga.clone() * dya.clone()).sum().backward()), 3.0 * n * bf, copy_rate);
     line("kiln swiglu fwd+bwd (autodiff) bf16", time(device, ITERS, || (ops::swiglu(ga.clone(), ua.clone()) * dya.clone()).sum().backward()), 8.0 * n * bf, copy_rate);
     line("burn silu(g)*u fwd+bwd (autodiff) bf16", time(device, ITERS, || ((activation::silu(ga.clone()) * ua.clone()) * dya.clone()).sum().backward()), 8.0 * n * bf, copy_rate);
     drop((gate, up, dy, ga, ua, dya));
@@ -143,7 +146,8 @@ fn bench(device: &CudaDevice) {
     let nqk = (b * s * (hq + hk) * d) as f64;
     line("kiln rope fwd bf16 q[4,4096,32,128]", time(device, ITERS, || ops::rope(q.clone(), &table, 0)), 2.0 * nq * bf, copy_rate);
     let burn_rope = burn::nn::RotaryEncodingConfig::new(s, d).with_theta(500_000.0).init::<B>(device);
-    let q_bhsd = q.clone().swap_dims(1, 2);
+    // Burn's RotaryEncoding wants a contiguous [b, heads, seq, d] tensor (a swapped view panics).
+    let q_bhsd = rand([b, hq, s, d], device);
     line("burn RotaryEncoding fwd bf16 q[4,32,4096,128]", time(device, ITERS, || burn_rope.forward(q_bhsd.clone())), 2.0 * nq * bf, copy_rate);
     line("kiln rms_norm_rope fwd bf16 q+k", time(device, ITERS, || ops::rms_norm_rope(q.clone(), k.clone(), qg.clone(), qg.clone(), &table, 0, 1e-6)), 2.0 * nqk * bf, copy_rate);
     let fwd = <B as kiln::ops::rms_norm_rope::RmsNormRopeBackend>::rms_norm_rope_forward(

@@ -5,39 +5,34 @@ mod common;
 
 use burn::backend::{Autodiff, NdArray};
 use burn::tensor::{DType, Tensor};
-use common::checks::{RmsNormCase, check};
 use common::assert_all;
+use common::checks::{RmsNormCase, assert_cases, check};
 
 /// Rows × width, ragged against every block size, width 1 to wide.
 const SHAPES: &[[usize; 3]] = &[[1, 1, 1], [2, 3, 7], [1, 5, 33], [3, 7, 100], [1, 2, 4096], [2, 3, 1000], [1, 3, 5000], [1, 260, 64]];
 
-fn run_all<B: kiln::KilnAutodiffBackend>(device: &B::Device, dtypes: &[DType]) {
-    for &dtype in dtypes {
-        for (i, &shape) in SHAPES.iter().enumerate() {
-            for residual in [false, true] {
-                let case = RmsNormCase { shape, residual, seed: 100 + i as u64 };
-                assert_all(&format!("rms_norm {shape:?} residual={residual} {dtype:?}"), &check::<B, _>(&case, device, dtype));
-            }
-        }
-    }
+fn cases() -> Vec<RmsNormCase> {
+    let shapes = SHAPES.iter().enumerate();
+    shapes.flat_map(|(i, &shape)| [false, true].map(|residual| RmsNormCase { shape, residual, seed: 100 + i as u64 })).collect()
 }
+
 
 #[test]
 fn rms_norm_matches_reference_on_wgpu() {
     let Some(device) = common::wgpu_device() else { return };
-    run_all::<Autodiff<burn::backend::Wgpu>>(&device, &[DType::F32, DType::F16]);
+    assert_cases::<Autodiff<burn::backend::Wgpu>, _>(&cases(), &device, &[DType::F32, DType::F16]);
 }
 
 #[test]
 fn rms_norm_matches_reference_on_wgpu_without_fusion() {
     let Some(device) = common::wgpu_device() else { return };
     type Bare = burn_cubecl::CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u32>;
-    run_all::<Autodiff<Bare>>(&device, &[DType::F32]);
+    assert_cases::<Autodiff<Bare>, _>(&cases(), &device, &[DType::F32]);
 }
 
 #[test]
 fn rms_norm_runs_through_autodiff_ndarray() {
-    run_all::<Autodiff<NdArray>>(&Default::default(), &[DType::F32]);
+    assert_cases::<Autodiff<NdArray>, _>(&cases(), &Default::default(), &[DType::F32]);
 }
 
 #[test]

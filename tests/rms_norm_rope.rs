@@ -5,8 +5,7 @@ mod common;
 
 use burn::backend::{Autodiff, NdArray};
 use burn::tensor::{DType, Tensor};
-use common::checks::{RmsNormRopeCase, check};
-use common::assert_all;
+use common::checks::{RmsNormRopeCase, assert_cases};
 use kiln::ops::{RopeTable, rope::RopeScaling};
 
 fn cases() -> Vec<RmsNormRopeCase> {
@@ -21,24 +20,16 @@ fn cases() -> Vec<RmsNormRopeCase> {
     cases
 }
 
-fn run_all<B: kiln::KilnAutodiffBackend>(device: &B::Device, dtypes: &[DType]) {
-    for &dtype in dtypes {
-        for c in cases() {
-            let context = format!("rms_norm_rope b{} s{} hq{} hk{} d{} offset={} transposed={} {dtype:?}", c.batch, c.seq, c.q_heads, c.kv_heads, c.head_dim, c.offset, c.transposed);
-            assert_all(&context, &check::<B, _>(&c, device, dtype));
-        }
-    }
-}
 
 #[test]
 fn rms_norm_rope_matches_reference_on_wgpu() {
     let Some(device) = common::wgpu_device() else { return };
-    run_all::<Autodiff<burn::backend::Wgpu>>(&device, &[DType::F32, DType::F16]);
+    assert_cases::<Autodiff<burn::backend::Wgpu>, _>(&cases(), &device, &[DType::F32, DType::F16]);
 }
 
 #[test]
 fn rms_norm_rope_runs_through_autodiff_ndarray() {
-    run_all::<Autodiff<NdArray>>(&Default::default(), &[DType::F32]);
+    assert_cases::<Autodiff<NdArray>, _>(&cases(), &Default::default(), &[DType::F32]);
 }
 
 #[test]

@@ -5,8 +5,7 @@ mod common;
 
 use burn::backend::{Autodiff, NdArray};
 use burn::tensor::{DType, Tensor};
-use common::checks::{RopeCase, check};
-use common::assert_all;
+use common::checks::{RopeCase, assert_cases};
 use kiln::ops::{RopeTable, rope::RopeScaling};
 
 const LLAMA3: RopeScaling = RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_positions: 16 };
@@ -22,24 +21,16 @@ fn cases() -> Vec<RopeCase> {
     cases
 }
 
-fn run_all<B: kiln::KilnAutodiffBackend>(device: &B::Device, dtypes: &[DType]) {
-    for &dtype in dtypes {
-        for case in cases() {
-            let context = format!("rope {:?} offset={} transposed={} {dtype:?}", case.shape, case.offset, case.transposed);
-            assert_all(&context, &check::<B, _>(&case, device, dtype));
-        }
-    }
-}
 
 #[test]
 fn rope_matches_reference_on_wgpu() {
     let Some(device) = common::wgpu_device() else { return };
-    run_all::<Autodiff<burn::backend::Wgpu>>(&device, &[DType::F32, DType::F16]);
+    assert_cases::<Autodiff<burn::backend::Wgpu>, _>(&cases(), &device, &[DType::F32, DType::F16]);
 }
 
 #[test]
 fn rope_runs_through_autodiff_ndarray() {
-    run_all::<Autodiff<NdArray>>(&Default::default(), &[DType::F32]);
+    assert_cases::<Autodiff<NdArray>, _>(&cases(), &Default::default(), &[DType::F32]);
 }
 
 #[test]

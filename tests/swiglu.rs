@@ -4,32 +4,27 @@ mod common;
 
 use burn::backend::{Autodiff, NdArray};
 use burn::tensor::{DType, Tensor};
-use common::checks::{GluCase, check};
-use common::assert_all;
+use common::checks::{GluCase, assert_cases};
 use kiln::ops::swiglu::GluActivation;
 
 const SHAPES: &[[usize; 2]] = &[[1, 1], [3, 7], [5, 33], [17, 300], [4, 1024], [2, 11008]];
 
-fn run_all<B: kiln::KilnAutodiffBackend>(device: &B::Device, dtypes: &[DType]) {
-    for &dtype in dtypes {
-        for (i, &shape) in SHAPES.iter().enumerate() {
-            for activation in [GluActivation::Silu, GluActivation::GeluTanh] {
-                let case = GluCase { shape, activation, seed: 3 * i as u64 };
-                assert_all(&format!("glu {shape:?} {activation:?} {dtype:?}"), &check::<B, _>(&case, device, dtype));
-            }
-        }
-    }
+fn cases() -> Vec<GluCase> {
+    let activations = [GluActivation::Silu, GluActivation::GeluTanh];
+    let shapes = SHAPES.iter().enumerate();
+    shapes.flat_map(|(i, &shape)| activations.map(|activation| GluCase { shape, activation, seed: 3 * i as u64 })).collect()
 }
+
 
 #[test]
 fn glu_matches_reference_on_wgpu() {
     let Some(device) = common::wgpu_device() else { return };
-    run_all::<Autodiff<burn::backend::Wgpu>>(&device, &[DType::F32, DType::F16]);
+    assert_cases::<Autodiff<burn::backend::Wgpu>, _>(&cases(), &device, &[DType::F32, DType::F16]);
 }
 
 #[test]
 fn glu_runs_through_autodiff_ndarray() {
-    run_all::<Autodiff<NdArray>>(&Default::default(), &[DType::F32]);
+    assert_cases::<Autodiff<NdArray>, _>(&cases(), &Default::default(), &[DType::F32]);
 }
 
 #[test]

@@ -147,7 +147,10 @@ fn rms_norm_backward_kernel<F: Float, N: Size>(
 #[derive(Debug, Clone, Copy)]
 pub struct RmsNormPlan {
     pub vector_size: usize,
+    /// Layout of the forward kernel.
     pub layout: RowLayout,
+    /// Layout of the backward kernel (fewer vectors per unit: it holds four row arrays).
+    pub backward_layout: RowLayout,
 }
 
 impl RmsNormPlan {
@@ -158,13 +161,13 @@ impl RmsNormPlan {
     ) -> Result<Self, RowTooWide> {
         // 16-byte loads for the storage dtype; f32 partials of dγ then use up to 4×vector bytes.
         let vector_size = vector_size_for(client, width, elem_size, 16);
-        let layout = RowLayout::new(client, width / vector_size, vector_size)?;
+        let width_vectors = width / vector_size;
         Ok(Self {
             vector_size,
-            layout,
+            layout: RowLayout::new(client, width_vectors, vector_size, 4)?,
+            backward_layout: RowLayout::new(client, width_vectors, vector_size, 2)?,
         })
     }
-
 }
 
 /// Arguments of one RMSNorm forward launch. `residual`/`residual_out` are read/written only when
@@ -228,8 +231,9 @@ pub struct RmsNormBackwardArgs<R: Runtime> {
     pub dgamma_partials: TensorArg<R>,
 }
 
-/// Launch the backward with `cubes` cubes (see [`RowLayout::grid_stride_cubes`]); `dgamma_partials`
-/// must hold `plan.layout.partial_rows(cubes) × width` f32 values.
+/// Launch the backward with `cubes` cubes (see [`RowLayout::grid_stride_cubes`] of
+/// `plan.backward_layout`); `dgamma_partials`
+/// must hold `plan.backward_layout.partial_rows(cubes) × width` f32 values.
 pub fn launch_backward<R: Runtime>(
     client: &ComputeClient<R>,
     plan: &RmsNormPlan,
@@ -239,13 +243,13 @@ pub fn launch_backward<R: Runtime>(
     cubes: usize,
     args: RmsNormBackwardArgs<R>,
 ) {
-    let iterations = plan.layout.grid_stride_iterations(rows, cubes);
+    let iterations = plan.backward_layout.grid_stride_iterations(rows, cubes);
     // SAFETY: as for the forward; `cubes` cubes write exactly `partial_rows(cubes)` partial rows.
     unsafe {
         rms_norm_backward_kernel::launch_unchecked::<R>(
             client,
             CubeCount::Static(cubes as u32, 1, 1),
-            plan.layout.cube_dim(),
+            plan.backward_layout.cube_dim(),
             plan.vector_size,
             args.h,
             args.gamma,
@@ -256,7 +260,7 @@ pub fn launch_backward<R: Runtime>(
             rows,
             width,
             iterations,
-            plan.layout,
+            plan.backward_layout,
             dtype,
         )
     }

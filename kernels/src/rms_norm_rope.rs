@@ -231,7 +231,10 @@ fn rms_norm_rope_backward_kernel<F: Float, N: Size>(
 #[derive(Debug, Clone, Copy)]
 pub struct RmsNormRopePlan {
     pub vector_size: usize,
+    /// Layout of the forward kernel.
     pub layout: RowLayout,
+    /// Layout of the backward kernel (one vector pair per unit: it holds eight row arrays).
+    pub backward_layout: RowLayout,
 }
 
 impl RmsNormRopePlan {
@@ -242,10 +245,11 @@ impl RmsNormRopePlan {
         head_dim: usize,
         vector_size: usize,
     ) -> Result<Self, RowTooWide> {
-        let layout = RowLayout::new(client, head_dim / 2 / vector_size, vector_size * 2)?;
+        let pairs = head_dim / 2 / vector_size;
         Ok(Self {
             vector_size,
-            layout,
+            layout: RowLayout::new(client, pairs, vector_size * 2, 4)?,
+            backward_layout: RowLayout::new(client, pairs, vector_size * 2, 1)?,
         })
     }
 }
@@ -330,13 +334,13 @@ pub fn launch_backward<R: Runtime>(
     position_offset: usize,
     args: RmsNormRopeBackwardArgs<R>,
 ) {
-    let iterations = plan.layout.grid_stride_iterations(rows, cubes);
+    let iterations = plan.backward_layout.grid_stride_iterations(rows, cubes);
     // SAFETY: as for the forward; `cubes` cubes write `partial_rows(cubes)` partial rows.
     unsafe {
         rms_norm_rope_backward_kernel::launch_unchecked::<R>(
             client,
             CubeCount::Static(cubes as u32, 1, 1),
-            plan.layout.cube_dim(),
+            plan.backward_layout.cube_dim(),
             plan.vector_size,
             args.x,
             args.gamma,
@@ -349,7 +353,7 @@ pub fn launch_backward<R: Runtime>(
             rows,
             position_offset,
             iterations,
-            plan.layout,
+            plan.backward_layout,
             dtype,
         )
     }

@@ -7,7 +7,7 @@
 //! a `[batch, heads, seq, head_dim]` tensor passes as `swap_dims(1, 2)` without a copy; the output
 //! is contiguous `[batch, seq, heads, head_dim]`.
 
-use crate::row::{elementwise_geometry, vector_size_for};
+use crate::row::vector_size_for;
 use cubecl::prelude::*;
 
 /// Rotate the pair `(a, b)` of vectors by the angle whose cosine and sine are given.
@@ -21,17 +21,10 @@ pub fn rotate_pair<N: Size>(
     (a * cos - b * sin, b * cos + a * sin)
 }
 
-/// Element offsets of the first-half vector `pair` of head `(b, s, h)` in a strided 4-D input,
-/// given the linear index of a unit over `[batch, seq, heads, half/vector]`.
-#[cube]
-pub fn head_coordinates(index: usize, seq: usize, heads: usize, pairs: usize) -> (usize, usize, usize, usize) {
-    let pair = index % pairs;
-    let rest = index / pairs;
-    let head = rest % heads;
-    let rest = rest / heads;
-    (rest / seq, rest % seq, head, pair)
-}
-
+/// One cube per token `(batch, position)`: units along x walk the vector pairs of a head, units
+/// along y walk the heads. A unit loads the angle of its pair once and applies it to every head
+/// it visits, and no index is recovered by division (64-bit divisions cost more than the
+/// memory traffic of this kernel).
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn rope_kernel<F: Float, N: Size>(
@@ -39,36 +32,42 @@ fn rope_kernel<F: Float, N: Size>(
     cos: &Tensor<Vector<f32, N>>,
     sin: &Tensor<Vector<f32, N>>,
     out: &mut Tensor<Vector<F, N>>,
-    total: usize,
     position_offset: usize,
     #[comptime] inverse: bool,
     #[define(F)] _dtype: StorageType,
 ) {
-    let index = ABSOLUTE_POS;
-    if index >= total {
-        terminate!();
-    }
+    let s = CUBE_POS_X as usize;
+    let b = CUBE_POS_Y as usize;
     let seq = x.shape(1);
     let heads = x.shape(2);
     let head_dim = x.shape(3);
     let half = head_dim / 2;
     let pairs = half / N::value();
-    let (b, s, h, pair) = head_coordinates(index, seq, heads, pairs);
-    let col = pair * N::value();
-    let src = b * x.stride(0) + s * x.stride(1) + h * x.stride(2) + col;
-    let x1 = Vector::<f32, N>::cast_from(x[src / N::value()]);
-    let x2 = Vector::<f32, N>::cast_from(x[(src + half) / N::value()]);
-    let angle = ((position_offset + s) * half + col) / N::value();
-    let c = cos[angle];
-    let mut sn = sin[angle];
-    if comptime!(inverse) {
-        // (0 − x, not −x: CUDA's vector types have no unary minus.)
-        sn = Vector::new(0.0) - sn;
+    let token_src = b * x.stride(0) + s * x.stride(1);
+    let token_dst = (b * seq + s) * heads * head_dim;
+    let mut pair = UNIT_POS_X as usize;
+    while pair < pairs {
+        let col = pair * N::value();
+        let angle = ((position_offset + s) * half + col) / N::value();
+        let c = cos[angle];
+        let mut sn = sin[angle];
+        if comptime!(inverse) {
+            // (0 − x, not −x: CUDA's vector types have no unary minus.)
+            sn = Vector::new(0.0) - sn;
+        }
+        let mut h = UNIT_POS_Y as usize;
+        while h < heads {
+            let src = token_src + h * x.stride(2) + col;
+            let x1 = Vector::<f32, N>::cast_from(x[src / N::value()]);
+            let x2 = Vector::<f32, N>::cast_from(x[(src + half) / N::value()]);
+            let (o1, o2) = rotate_pair(x1, x2, c, sn);
+            let dst = token_dst + h * head_dim + col;
+            out[dst / N::value()] = Vector::cast_from(o1);
+            out[(dst + half) / N::value()] = Vector::cast_from(o2);
+            h += CUBE_DIM_Y as usize;
+        }
+        pair += CUBE_DIM_X as usize;
     }
-    let (o1, o2) = rotate_pair(x1, x2, c, sn);
-    let dst = ((b * seq + s) * heads + h) * head_dim + col;
-    out[dst / N::value()] = Vector::cast_from(o1);
-    out[(dst + half) / N::value()] = Vector::cast_from(o2);
 }
 
 /// Vector width for heads of `head_dim` elements: it must divide the half head and every stride.
@@ -103,17 +102,30 @@ pub fn launch_rope<R: Runtime>(
     inverse: bool,
 ) {
     let [batch, seq, heads, head_dim] = shape;
-    let total = batch * seq * heads * (head_dim / 2 / vector_size);
-    if total == 0 {
+    if batch * seq * heads * head_dim == 0 {
         return;
     }
-    let (count, dim) = elementwise_geometry(client, total);
-    // SAFETY: the host checked the shape, that the tables cover `position_offset + seq`
-    // positions and that `vector_size` divides the half head and all strides of `x`; units past
-    // `total` exit before touching memory.
+    let pairs = (head_dim / 2 / vector_size) as u32;
+    let max_units = client.properties().hardware.max_units_per_cube.min(256);
+    let dim_x = pairs.min(max_units);
+    let dim_y = (max_units / dim_x).min(heads as u32).max(1);
+    let count = CubeCount::Static(seq as u32, batch as u32, 1);
+    // SAFETY: the host checked the shape (seq < 2³¹, batch < 2¹⁶ cubes), that the tables cover
+    // `position_offset + seq` positions and that `vector_size` divides the half head and all
+    // strides of `x`; the loops stay inside the head and head counts.
     unsafe {
         rope_kernel::launch_unchecked::<R>(
-            client, count, dim, vector_size, x, cos, sin, out, total, position_offset, inverse, dtype,
+            client,
+            count,
+            CubeDim::new_2d(dim_x, dim_y),
+            vector_size,
+            x,
+            cos,
+            sin,
+            out,
+            position_offset,
+            inverse,
+            dtype,
         )
     }
 }

@@ -3,9 +3,12 @@
 
 use burn::tensor::{DType, Tensor, TensorPrimitive, backend::Backend};
 use kiln::KilnAutodiffBackend;
-use kiln::ops::{self, RopeTable, rms_norm, rms_norm_rope, rope, rope::RopeScaling, swiglu, swiglu::GluActivation};
+use kiln::ops::{
+    self, AttentionOptions, RopeTable, flash_attention, rms_norm, rms_norm_rope, rope, rope::RopeScaling, swiglu,
+    swiglu::GluActivation,
+};
 
-use super::{Comparison, Oracle, compare, poison, random, tensor, values};
+use super::{Comparison, Oracle, assert_all, compare, poison, random, tensor, values};
 
 type Outputs = Vec<(&'static str, Vec<f64>)>;
 
@@ -32,6 +35,16 @@ pub fn check<B: KilnAutodiffBackend, C: Case>(case: &C, device: &B::Device, dtyp
         .collect()
 }
 
+/// Check every case in every dtype on `B`; a failure names the case and dtype.
+#[track_caller]
+pub fn assert_cases<B: KilnAutodiffBackend, C: Case + std::fmt::Debug>(cases: &[C], device: &B::Device, dtypes: &[DType]) {
+    for &dtype in dtypes {
+        for case in cases {
+            assert_all(&format!("{case:?} {dtype:?}"), &check::<B, _>(case, device, dtype));
+        }
+    }
+}
+
 fn prim<B: Backend, const D: usize>(t: Tensor<B, D>) -> burn::tensor::ops::FloatTensor<B> {
     t.into_primitive().tensor()
 }
@@ -51,6 +64,7 @@ fn grad<B: burn::tensor::backend::AutodiffBackend, const D: usize>(t: &Tensor<B,
 }
 
 /// `rms_norm(x [+ residual]) · γ` on `[a, b, width]`.
+#[derive(Debug)]
 pub struct RmsNormCase {
     pub shape: [usize; 3],
     pub residual: bool,
@@ -97,6 +111,7 @@ impl Case for RmsNormCase {
 
 /// RoPE on `[batch, seq, heads, head_dim]`, optionally given as a transposed
 /// `[batch, heads, seq, head_dim]` tensor's view.
+#[derive(Debug)]
 pub struct RopeCase {
     pub shape: [usize; 4],
     pub offset: usize,
@@ -149,6 +164,7 @@ impl Case for RopeCase {
 }
 
 /// Fused QK-norm + RoPE on q `[b, s, hq, d]` and k `[b, s, hk, d]`.
+#[derive(Debug)]
 pub struct RmsNormRopeCase {
     pub batch: usize,
     pub seq: usize,
@@ -200,6 +216,7 @@ impl Case for RmsNormRopeCase {
 }
 
 /// `act(gate) · up` on `[a, b]`.
+#[derive(Debug)]
 pub struct GluCase {
     pub shape: [usize; 2],
     pub activation: GluActivation,
@@ -225,5 +242,55 @@ impl Case for GluCase {
 
     fn footprint(&self) -> usize {
         self.shape.iter().product::<usize>() * 3
+    }
+}
+
+/// Attention of q `[batch, q_heads, q_len, d]` over k, v `[batch, kv_heads, kv_len, d]`, with an
+/// optional bias broadcast over the batch.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionCase {
+    pub batch: usize,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub q_len: usize,
+    pub kv_len: usize,
+    pub head_dim: usize,
+    pub options: AttentionOptions,
+    pub bias: bool,
+    pub seed: u64,
+}
+
+impl AttentionCase {
+    /// A case with default options and no bias.
+    pub fn new(batch: usize, q_heads: usize, kv_heads: usize, q_len: usize, kv_len: usize, head_dim: usize) -> Self {
+        Self { batch, q_heads, kv_heads, q_len, kv_len, head_dim, options: AttentionOptions::default(), bias: false, seed: 0 }
+    }
+}
+
+impl Case for AttentionCase {
+    fn run<B: KilnAutodiffBackend>(&self, device: &B::Device, dtype: DType, kernel: bool) -> Outputs {
+        let (q_shape, kv_shape) = ([self.batch, self.q_heads, self.q_len, self.head_dim], [self.batch, self.kv_heads, self.kv_len, self.head_dim]);
+        let q = tensor::<B, 4>(&random(&q_shape, self.seed), dtype, device).require_grad();
+        let k = tensor::<B, 4>(&random(&kv_shape, self.seed + 1), dtype, device).require_grad();
+        let v = tensor::<B, 4>(&random(&kv_shape, self.seed + 2), dtype, device).require_grad();
+        let bias = self.bias.then(|| tensor::<B, 4>(&random(&[1, self.q_heads, self.q_len, self.kv_len], self.seed + 3), dtype, device));
+        let out = if kernel {
+            ops::flash_attention(q.clone(), k.clone(), v.clone(), bias, self.options)
+        } else {
+            let full = [self.batch, self.q_heads, self.q_len, self.kv_len];
+            let bias = bias.map(|b| prim(b.expand(full)));
+            wrap(flash_attention::reference::forward::<B>(prim(q.clone()), prim(k.clone()), prim(v.clone()), bias, self.options).output)
+        };
+        let grads = weighted(out.clone(), self.seed + 4, device).backward();
+        vec![("out", values(out)), ("dq", grad(&q, &grads)), ("dk", grad(&k, &grads)), ("dv", grad(&v, &grads))]
+    }
+
+    fn depth(&self) -> f64 {
+        let group = self.q_heads / self.kv_heads;
+        self.kv_len.max(self.head_dim).max(self.q_len * group) as f64
+    }
+
+    fn footprint(&self) -> usize {
+        (self.q_heads * self.q_len + 2 * self.kv_heads * self.kv_len) * self.head_dim * self.batch * 2
     }
 }

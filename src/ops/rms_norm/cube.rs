@@ -84,9 +84,9 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> RmsNormBac
         let plan = plan("rms_norm", &h, width);
         let (h, gamma, rstd, dy) = (dense(h), dense(gamma), dense(rstd), dense(dy));
         let client = h.client.clone();
-        let cubes = plan.layout.grid_stride_cubes(&client, rows);
+        let cubes = plan.backward_layout.grid_stride_cubes(&client, rows);
         let dh = empty_like_device(&h, h.shape(), h.dtype);
-        let partials = empty_like_device(&h, [plan.layout.partial_rows(cubes), width], DType::F32);
+        let partials = empty_like_device(&h, [plan.backward_layout.partial_rows(cubes), width], DType::F32);
         let gamma_dtype = gamma.dtype;
         launch_backward(
             &client,

@@ -82,9 +82,9 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> RmsNormRop
         let rows = head_rows(&x);
         let head_dim = x.shape()[3];
         let client = x.client.clone();
-        let cubes = plan.layout.grid_stride_cubes(&client, rows);
+        let cubes = plan.backward_layout.grid_stride_cubes(&client, rows);
         let dx = empty_like_device(&x, x.shape(), x.dtype);
-        let partials = empty_like_device(&x, [plan.layout.partial_rows(cubes), head_dim], DType::F32);
+        let partials = empty_like_device(&x, [plan.backward_layout.partial_rows(cubes), head_dim], DType::F32);
         let gamma_dtype = gamma.dtype;
         launch_backward(
             &client,

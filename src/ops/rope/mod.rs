@@ -56,4 +56,8 @@ pub(crate) fn validate_heads<B: Backend>(op: &str, x: &FloatTensor<B>, table: &R
     ensure(offset + shape[1] <= table.max_positions(), op, || {
         format!("positions {offset}..{} of x {:?} exceed the rope table's {} positions", offset + shape[1], shape.as_slice(), table.max_positions())
     });
+    // The kernels launch one cube per token on a (seq, batch) grid.
+    ensure(shape[1] < 1 << 31 && shape[0] < 1 << 16, op, || {
+        format!("x {:?}: seq must be below 2^31 and batch below 65536", shape.as_slice())
+    });
 }
