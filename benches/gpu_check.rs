@@ -2,7 +2,7 @@
 //! same harness as the CI tests) and timings at Llama-7B shapes next to Burn's composed ops.
 //!
 //! Build: `scripts/gpu-check-build` (one stripped binary in `gpu/`); run on the GPU machine:
-//! `gpu/kiln-gpu-check [parity|bench|all]`.
+//! `gpu/kiln-gpu-check [parity|bench|attention|all]`.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -11,8 +11,8 @@ use std::time::Instant;
 
 use burn::backend::{Autodiff, Cuda, cuda::CudaDevice};
 use burn::tensor::{DType, Distribution, Tensor, activation, backend::Backend};
-use common::checks::{Case, GluCase, RmsNormCase, RmsNormRopeCase, RopeCase, check};
-use kiln::ops::{self, RopeTable, rope::RopeScaling, swiglu::GluActivation};
+use common::checks::{AttentionCase, Case, GluCase, RmsNormCase, RmsNormRopeCase, RopeCase, check};
+use kiln::ops::{self, AttentionOptions, RopeTable, flash_attention::FlashAttentionBackend, rope::RopeScaling, swiglu::GluActivation};
 
 type B = Cuda<f32>;
 type Ad = Autodiff<B>;
@@ -39,6 +39,17 @@ fn parity(device: &CudaDevice) -> bool {
         for (seq, hq, hk, d) in [(65, 32, 8, 128), (17, 14, 2, 64), (9, 4, 4, 80)] {
             let case = RmsNormRopeCase { batch: 2, seq, q_heads: hq, kv_heads: hk, head_dim: d, offset: 5, transposed: false, seed: 3 };
             report(format!("rms_norm_rope s{seq} hq{hq} hk{hk} d{d} {dtype:?}"), run_check(&case, device, dtype));
+        }
+        let causal = AttentionOptions::causal();
+        let attention = [
+            AttentionCase { options: causal, ..AttentionCase::new(2, 8, 2, 257, 257, 128) },
+            AttentionCase::new(1, 4, 4, 1000, 1000, 64),
+            AttentionCase { options: causal, ..AttentionCase::new(1, 32, 8, 1, 4000, 128) },
+            AttentionCase { options: causal.with_window(64).with_softcap(30.0), bias: true, ..AttentionCase::new(1, 4, 2, 65, 300, 96) },
+            AttentionCase { options: causal, ..AttentionCase::new(1, 2, 1, 100, 37, 80) },
+        ];
+        for case in attention {
+            report(format!("attention {case:?} {dtype:?}"), run_check(&case, device, dtype));
         }
         for shape in [[37, 11008], [3, 1001]] {
             for activation in [GluActivation::Silu, GluActivation::GeluTanh] {
@@ -159,6 +170,82 @@ fn bench(device: &CudaDevice) {
     }), 3.0 * nq * bf, copy_rate);
 }
 
+/// Seconds per call of `f`, `iters` calls per sample, median of three samples after one warm-up.
+fn time_few<T>(device: &CudaDevice, iters: usize, mut f: impl FnMut() -> T) -> f64 {
+    let warm = f();
+    B::sync(device).unwrap();
+    drop(warm);
+    let mut samples: Vec<f64> = (0..3)
+        .map(|_| {
+            let start = Instant::now();
+            let results: Vec<T> = (0..iters).map(|_| f()).collect();
+            B::sync(device).unwrap();
+            drop(results);
+            start.elapsed().as_secs_f64() / iters as f64
+        })
+        .collect();
+    samples.sort_by(f64::total_cmp);
+    samples[1]
+}
+
+/// Flash attention at the FlashAttention-2 paper's shapes (batch × seq = 16k tokens, 2048 model
+/// width), forward and backward TFLOP/s (backward counted as 2.5 × forward FLOPs), the memory
+/// held for the backward at 16k, and one decoding step over a 32k cache.
+fn bench_attention(device: &CudaDevice) {
+    for head_dim in [64, 128] {
+        for seq in [1024, 4096, 8192, 16384] {
+            for causal in [false, true] {
+                let (batch, heads) = (16384 / seq, 2048 / head_dim);
+                let q = rand([batch, heads, seq, head_dim], device);
+                let k = rand([batch, heads, seq, head_dim], device);
+                let v = rand([batch, heads, seq, head_dim], device);
+                let d_out = rand([batch, heads, seq, head_dim], device);
+                let options = AttentionOptions { causal, ..Default::default() };
+                let flops = 4.0 * (batch * heads * seq * seq * head_dim) as f64 * if causal { 0.5 } else { 1.0 };
+                let iters = (4096 * 4096 / (seq * seq)).clamp(2, 20);
+                let fwd = time_few(device, iters, || ops::flash_attention(q.clone(), k.clone(), v.clone(), None, options));
+                let saved = B::flash_attention_forward(q.clone().into_primitive().tensor(), k.clone().into_primitive().tensor(), v.clone().into_primitive().tensor(), None, options);
+                let bwd = time_few(device, iters, || {
+                    B::flash_attention_backward(q.clone().into_primitive().tensor(), k.clone().into_primitive().tensor(), v.clone().into_primitive().tensor(), None, saved.output.clone(), saved.lse.clone(), d_out.clone().into_primitive().tensor(), options)
+                });
+                println!(
+                    "bench kiln attention hd{head_dim} s{seq} b{batch} h{heads} causal={causal:<5} fwd {:8.3} ms {:6.1} TF/s  bwd {:8.3} ms {:6.1} TF/s  fwd+bwd {:6.1} TF/s",
+                    fwd * 1e3, flops / fwd / 1e12, bwd * 1e3, 2.5 * flops / bwd / 1e12, 3.5 * flops / (fwd + bwd) / 1e12
+                );
+            }
+        }
+    }
+
+    // Memory held after the forward under autodiff (what the backward keeps), 16k tokens, 2 heads.
+    let client = <cubecl::cuda::CudaRuntime as cubecl::Runtime>::client(device);
+    let in_use = || {
+        B::sync(device).unwrap();
+        client.memory_usage().map(|u| u.bytes_in_use as f64 / 1e9).unwrap_or(f64::NAN)
+    };
+    let (heads, seq, d) = (2, 16384, 128);
+    let inputs: Vec<Tensor<Ad, 4>> = (0..3).map(|_| Tensor::from_inner(rand([1, heads, seq, d], device)).require_grad()).collect();
+    let base = in_use();
+    let out = ops::flash_attention(inputs[0].clone(), inputs[1].clone(), inputs[2].clone(), None, AttentionOptions::causal());
+    let kiln_gb = in_use() - base;
+    drop(out);
+    let naive = kiln::ops::flash_attention::reference::forward::<Ad>(
+        inputs[0].clone().into_primitive().tensor(), inputs[1].clone().into_primitive().tensor(), inputs[2].clone().into_primitive().tensor(), None, AttentionOptions::causal(),
+    );
+    let naive_gb = in_use() - base;
+    drop(naive);
+    println!("bench attention memory after forward (autodiff), causal s{seq} h{heads} d{d} bf16: kiln {kiln_gb:.3} GB, naive (materialized scores) {naive_gb:.3} GB");
+    drop(inputs);
+
+    // Decoding: one query token, 32 q heads over an 8-kv-head cache of 32768 positions.
+    let (q_heads, kv_heads, cache, d) = (32, 8, 32768, 128);
+    let q = rand([1, q_heads, 1, d], device);
+    let k = rand([1, kv_heads, cache, d], device);
+    let v = rand([1, kv_heads, cache, d], device);
+    let t = time(device, 50, || ops::flash_attention(q.clone(), k.clone(), v.clone(), None, AttentionOptions::causal()));
+    let bytes = 2.0 * (kv_heads * cache * d) as f64 * 2.0;
+    println!("bench kiln attention decode q1 hq{q_heads} hk{kv_heads} cache{cache} d{d}: {:.1} us ({:.0} GB/s of K+V)", t * 1e6, bytes / t / 1e9);
+}
+
 fn main() {
     let mode = std::env::args().nth(1).unwrap_or_else(|| "all".into());
     let device = CudaDevice::default();
@@ -170,6 +257,9 @@ fn main() {
     }
     if mode == "bench" || mode == "all" {
         bench(&device);
+    }
+    if mode == "attention" || mode == "bench" || mode == "all" {
+        bench_attention(&device);
     }
     std::process::exit(if ok { 0 } else { 1 });
 }

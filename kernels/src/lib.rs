@@ -4,6 +4,7 @@
 //! One module per op, named after the op; `row` holds the launch geometry and the in-cube
 //! reduction that the row-wise ops (RMSNorm, fused RMSNorm+RoPE) share.
 
+pub mod flash_attention;
 pub mod rms_norm;
 pub mod rms_norm_rope;
 pub mod rope;

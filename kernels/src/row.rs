@@ -33,16 +33,19 @@ pub struct RowTooWide {
 }
 
 impl RowLayout {
-    /// Choose a layout for rows of `width_vectors` vectors on `client`.
+    /// Choose a layout for rows of `width_vectors` vectors on `client`, aiming for
+    /// `target_vectors_per_unit` vectors per unit and cubes of about 256 units.
     ///
-    /// Aims for about four vectors per unit (enough independent loads in flight) and cubes of
-    /// about 256 units, within the device's limits.
+    /// More vectors per unit put more independent loads in flight; fewer keep the registers a
+    /// unit needs low enough for several cubes to share a multiprocessor. Forward kernels hold
+    /// one array per row and take 4; backward kernels hold four (inputs, gradients, γ, dγ) and
+    /// take 1–2, or they spill and run one cube per multiprocessor.
     pub fn new<R: Runtime>(
         client: &ComputeClient<R>,
         width_vectors: usize,
         vector_size: usize,
+        target_vectors_per_unit: usize,
     ) -> Result<Self, RowTooWide> {
-        const TARGET_VECTORS_PER_UNIT: usize = 4;
         const TARGET_UNITS_PER_CUBE: usize = 256;
         let props = client.properties();
         let max_units = (props.hardware.max_units_per_cube as usize)
@@ -51,7 +54,7 @@ impl RowLayout {
         let max_units = prev_power_of_two(max_units.max(1));
         let width_vectors = width_vectors.max(1);
         let units_per_row = width_vectors
-            .div_ceil(TARGET_VECTORS_PER_UNIT)
+            .div_ceil(target_vectors_per_unit.max(1))
             .next_power_of_two()
             .min(max_units);
         let vectors_per_unit = width_vectors.div_ceil(units_per_row);
@@ -78,15 +81,19 @@ impl RowLayout {
         CubeDim::new_2d(self.units_per_row as u32, self.rows_per_cube as u32)
     }
 
-    /// Cubes for a grid-stride launch over `rows` rows: enough to fill the device a few times
-    /// over, few enough that per-cube partial sums (dγ) stay small next to the activations.
+    /// Cubes for a grid-stride launch over `rows` rows: as many as the multiprocessors hold at
+    /// once (2048 units each), so loads of different cubes overlap; no more, so the per-cube
+    /// partial sums (dγ) stay small next to the activations.
     pub fn grid_stride_cubes<R: Runtime>(&self, client: &ComputeClient<R>, rows: usize) -> usize {
+        const UNITS_PER_MULTIPROCESSOR: usize = 2048;
         let sms = client
             .properties()
             .hardware
             .num_streaming_multiprocessors
             .unwrap_or(64) as usize;
-        rows.div_ceil(self.rows_per_cube).clamp(1, sms * 4)
+        let units_per_cube = self.units_per_row * self.rows_per_cube;
+        let resident = sms * (UNITS_PER_MULTIPROCESSOR / units_per_cube).max(1);
+        rows.div_ceil(self.rows_per_cube).clamp(1, resident)
     }
 
     /// Trip count of the grid-stride loop of `cubes` cubes over `rows` rows.
@@ -135,6 +142,27 @@ pub fn row_index(#[comptime] layout: RowLayout) -> usize {
 /// row is out of range: they pass 0.
 #[cube]
 pub fn row_sum(value: f32, #[comptime] layout: RowLayout) -> f32 {
+    row_reduce(value, layout, false)
+}
+
+/// Maximum of `value` over the units of this unit's row, under the same contract as [`row_sum`]
+/// (units with nothing to contribute pass a very negative value).
+#[cube]
+pub fn row_max(value: f32, #[comptime] layout: RowLayout) -> f32 {
+    row_reduce(value, layout, true)
+}
+
+#[cube]
+fn combine(a: f32, b: f32, #[comptime] max: bool) -> f32 {
+    if comptime!(max) { a.max(b) } else { a + b }
+}
+
+/// The reduction behind [`row_sum`] and [`row_max`]: a lane butterfly when the row fits in a
+/// plane, plane reductions plus shared memory when it spans planes, a shared-memory tree without
+/// plane operations. The shared-memory paths end with a barrier so that the next call (in a
+/// loop) cannot overwrite values a slower unit is still reading.
+#[cube]
+fn row_reduce(value: f32, #[comptime] layout: RowLayout, #[comptime] max: bool) -> f32 {
     let units = layout.units_per_row;
     let plane = layout.plane_size;
     if comptime!(plane > 0 && units <= plane) {
@@ -142,23 +170,24 @@ pub fn row_sum(value: f32, #[comptime] layout: RowLayout) -> f32 {
         let mut total = value;
         #[unroll]
         for step in 0..comptime!(units.trailing_zeros()) {
-            total += plane_shuffle_xor(total, 1u32 << step);
+            total = combine(total, plane_shuffle_xor(total, 1u32 << step), max);
         }
         total
     } else if comptime!(plane > 0) {
         let planes_per_row = comptime!(units / plane);
         let mut partials = SharedMemory::<f32>::new(comptime!(planes_per_row * layout.rows_per_cube));
         let base = UNIT_POS_Y as usize * planes_per_row;
-        let in_plane = plane_sum(value);
+        let in_plane = if comptime!(max) { plane_max(value) } else { plane_sum(value) };
         if UNIT_POS_PLANE == 0 {
             partials[base + UNIT_POS_X as usize / plane] = in_plane;
         }
         sync_cube();
-        let mut total = 0.0f32;
+        let mut total = partials[base];
         #[unroll]
-        for p in 0..planes_per_row {
-            total += partials[base + p];
+        for p in 1..planes_per_row {
+            total = combine(total, partials[base + p], max);
         }
+        sync_cube();
         total
     } else {
         let mut scratch = SharedMemory::<f32>::new(comptime!(units * layout.rows_per_cube));
@@ -170,11 +199,13 @@ pub fn row_sum(value: f32, #[comptime] layout: RowLayout) -> f32 {
         for step in 0..comptime!(units.trailing_zeros()) {
             let stride = units >> (step + 1);
             if x < stride {
-                scratch[base + x] += scratch[base + x + stride];
+                scratch[base + x] = combine(scratch[base + x], scratch[base + x + stride], max);
             }
             sync_cube();
         }
-        scratch[base]
+        let total = scratch[base];
+        sync_cube();
+        total
     }
 }
 

@@ -6,14 +6,17 @@ pub(crate) mod cube;
 pub(crate) mod fusion;
 
 use crate::ops::{
-    rms_norm::RmsNormBackend, rms_norm_rope::RmsNormRopeBackend, rope::RopeBackend,
-    swiglu::SwiGluBackend,
+    flash_attention::FlashAttentionBackend, rms_norm::RmsNormBackend, rms_norm_rope::RmsNormRopeBackend,
+    rope::RopeBackend, swiglu::SwiGluBackend,
 };
 
 /// Every kiln op. Implemented for each backend that implements every op family.
-pub trait KilnBackend: RmsNormBackend + RopeBackend + RmsNormRopeBackend + SwiGluBackend {}
+pub trait KilnBackend: RmsNormBackend + RopeBackend + RmsNormRopeBackend + SwiGluBackend + FlashAttentionBackend {}
 
-impl<B> KilnBackend for B where B: RmsNormBackend + RopeBackend + RmsNormRopeBackend + SwiGluBackend {}
+impl<B> KilnBackend for B where
+    B: RmsNormBackend + RopeBackend + RmsNormRopeBackend + SwiGluBackend + FlashAttentionBackend
+{
+}
 
 /// A kiln backend with autodiff whose inner backend is a kiln backend too (what training needs).
 pub trait KilnAutodiffBackend: KilnBackend + burn::tensor::backend::AutodiffBackend<InnerBackend: KilnBackend> {}

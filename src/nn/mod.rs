@@ -1,7 +1,9 @@
 //! Burn modules built on kiln's fused ops.
 
+mod attention;
 mod mlp;
 mod rms_norm;
 
+pub use attention::{KvCache, MultiHeadAttention, MultiHeadAttentionConfig};
 pub use mlp::{GatedMlp, GatedMlpConfig};
 pub use rms_norm::{RmsNorm, RmsNormConfig};

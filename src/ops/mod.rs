@@ -1,11 +1,13 @@
 //! The public functional API on `Tensor<B, D>` and, per op, its backend trait, reference
 //! implementation, CubeCL implementation, fusion registration and autodiff backward.
 
+pub mod flash_attention;
 pub mod rms_norm;
 pub mod rms_norm_rope;
 pub mod rope;
 pub mod swiglu;
 
+pub use flash_attention::{AttentionOptions, flash_attention};
 pub use rms_norm::{rms_norm, rms_norm_residual};
 pub use rms_norm_rope::rms_norm_rope;
 pub use rope::{RopeTable, rope};

@@ -40,6 +40,7 @@ pub fn check<B: KilnAutodiffBackend, C: Case>(case: &C, device: &B::Device, dtyp
 pub fn assert_cases<B: KilnAutodiffBackend, C: Case + std::fmt::Debug>(cases: &[C], device: &B::Device, dtypes: &[DType]) {
     for &dtype in dtypes {
         for case in cases {
+            eprintln!("checking {case:?} {dtype:?}");
             assert_all(&format!("{case:?} {dtype:?}"), &check::<B, _>(case, device, dtype));
         }
     }

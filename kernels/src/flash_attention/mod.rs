@@ -1,0 +1,949 @@
+//! Flash attention: tiled online-softmax attention that never materializes the `q_len × kv_len`
+//! score matrix, its FlashAttention-2 backward, and split-KV decoding.
+//!
+//! Layout: q `[batch, q_heads, q_len, d]`, k/v `[batch, kv_heads, kv_len, d]` (any strides),
+//! optional additive bias `[batch, q_heads, q_len, kv_len]` (broadcast dims pass stride 0).
+//! Logit of query `i` and key `j`: `s = softcap(scale · q·k) + bias`, with
+//! `softcap(x) = c · tanh(x / c)` when enabled. Key `j` is visible to query `i` when
+//! - causal: `j ≤ i + kv_len − q_len` (bottom-right aligned, as with a KV cache);
+//! - sliding window `w`: `j > i + kv_len − q_len − w`.
+//!
+//! A row with no visible key gets output 0 and a log-sum-exp of [`EMPTY_LSE`].
+//!
+//! GQA without repeated K/V: a cube works for one kv head and packs the `group = q_heads / kv_heads`
+//! query heads that share it into its rows ("packed rows" `p = g · q_len + i`), so each K/V tile
+//! is read once for the whole group. With `q_len` of one to a few tokens (decoding) that also fills
+//! the cube's rows, and the KV length is split over cubes (`splits > 1`): each split writes a
+//! normalized partial output and its log-sum-exp in f32, and [`launch_combine`] merges them.
+//!
+//! Inside a cube, `block_q` rows × `lanes` units: a row's lanes split the keys of a tile for the
+//! scores and the head dimension for the output. Tiles live in shared memory as f32, so f16/bf16
+//! inputs accumulate in f32.
+
+mod mma;
+
+use crate::row::{RowLayout, row_max, row_sum};
+use cubecl::ir::{ElemType, FloatKind, features::MmaConfig};
+use cubecl::prelude::*;
+
+/// Log-sum-exp stored for a row that sees no key: large enough that `exp(s − lse)` is 0.
+pub const EMPTY_LSE: f32 = 1.0e30;
+/// Logit of a masked key: below any real logit, finite so that differences stay defined.
+const MASKED: f32 = -1.0e30;
+
+/// Compile-time shape and features of an attention launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AttentionConfig {
+    pub head_dim: usize,
+    /// Rows (packed query rows, or keys in the dK/dV kernel) per cube.
+    pub block_q: usize,
+    /// Keys (or query rows in the dK/dV kernel) per shared-memory tile.
+    pub block_k: usize,
+    /// Units per row.
+    pub lanes: usize,
+    /// Plane size for row reductions (0: shared memory only).
+    pub plane_size: usize,
+    pub causal: bool,
+    pub window: bool,
+    pub softcap: bool,
+    pub bias: bool,
+    /// Unroll the inner loops. On GPUs that keeps per-lane arrays in registers; the Vulkan
+    /// software driver (lavapipe), which compiles every barrier-separated region as a coroutine,
+    /// takes minutes to compile the unrolled kernels, so there loops stay loops.
+    pub unroll: bool,
+}
+
+impl AttentionConfig {
+    fn rows(self) -> RowLayout {
+        RowLayout { units_per_row: self.lanes, rows_per_cube: self.block_q, vectors_per_unit: 1, plane_size: self.plane_size }
+    }
+
+    fn units(self) -> usize {
+        self.lanes * self.block_q
+    }
+
+    /// Shared memory one forward/dQ cube needs, in bytes.
+    pub fn forward_shared_bytes(self) -> usize {
+        4 * (2 * self.block_q * self.head_dim + 2 * self.block_k * self.head_dim + self.block_q * self.block_k)
+    }
+
+    /// Shared memory one dK/dV cube needs, in bytes (`block_q` keys, `block_k` queries per tile).
+    pub fn backward_kv_shared_bytes(self) -> usize {
+        4 * (2 * self.block_q * self.head_dim + 2 * self.block_k * self.head_dim + 2 * self.block_q * self.block_k + 2 * self.block_k)
+    }
+}
+
+/// Whether key `j` is visible to query `i` (no negative intermediate: all terms moved across).
+#[cube]
+fn visible(i: usize, j: usize, q_len: usize, kv_len: usize, window: usize, #[comptime] config: AttentionConfig) -> bool {
+    let mut ok = j < kv_len;
+    if comptime!(config.causal) {
+        ok = ok && j + q_len <= i + kv_len;
+    }
+    if comptime!(config.window) {
+        ok = ok && i + kv_len < j + q_len + window;
+    }
+    ok
+}
+
+/// First and one-past-last key any query position in `[i_lo, i_hi]` can see.
+#[cube]
+fn key_range(i_lo: usize, i_hi: usize, q_len: usize, kv_len: usize, window: usize, #[comptime] config: AttentionConfig) -> (usize, usize) {
+    let mut start = 0usize;
+    let mut end = kv_len;
+    if comptime!(config.window) {
+        if i_lo + kv_len + 1 > q_len + window {
+            start = i_lo + kv_len + 1 - q_len - window;
+        }
+    }
+    if comptime!(config.causal) {
+        end = 0;
+        if i_hi + kv_len + 1 > q_len {
+            end = cubecl::prelude::min(i_hi + kv_len + 1 - q_len, kv_len);
+        }
+    }
+    (start, end)
+}
+
+/// `softcap(scale · dot)`: the logit before the bias, which the backward needs for the softcap's
+/// derivative.
+#[cube]
+fn capped_logit(dot: f32, scale: f32, softcap: f32, #[comptime] config: AttentionConfig) -> f32 {
+    let mut s = dot * scale;
+    if comptime!(config.softcap) {
+        s = softcap * (s / softcap).tanh();
+    }
+    s
+}
+
+/// Bias of `(batch, head, i, j)`, 0 without a bias.
+#[cube]
+fn bias_at<F: Float>(bias: &Tensor<F>, b: usize, h: usize, i: usize, j: usize, #[comptime] config: AttentionConfig) -> f32 {
+    let mut value = 0.0f32;
+    if comptime!(config.bias) {
+        value = f32::cast_from(bias[b * bias.stride(0) + h * bias.stride(1) + i * bias.stride(2) + j * bias.stride(3)]);
+    }
+    value
+}
+
+/// Copy `rows × head_dim` values of heads `[b, h, i, :]` into a tile, where packed row `p` of the
+/// tile maps to head `head_base + p / q_len` and position `p % q_len`; rows past `rows_end` are 0.
+#[cube]
+fn load_packed_rows<F: Float>(
+    src: &Tensor<F>,
+    tile: &mut SharedMemory<f32>,
+    b: usize,
+    head_base: usize,
+    first_row: usize,
+    rows_end: usize,
+    #[comptime] rows: usize,
+    #[comptime] config: AttentionConfig,
+) {
+    let d = config.head_dim;
+    let q_len = src.shape(2);
+    let mut t = UNIT_POS as usize;
+    while t < rows * d {
+        let r = t / d;
+        let c = t % d;
+        let p = first_row + r;
+        let mut value = 0.0f32;
+        if p < rows_end {
+            let h = head_base + p / q_len;
+            let i = p % q_len;
+            value = f32::cast_from(src[b * src.stride(0) + h * src.stride(1) + i * src.stride(2) + c * src.stride(3)]);
+        }
+        tile[t] = value;
+        t += comptime!(config.units());
+    }
+}
+
+/// Copy keys (or values) `[b, h, start .. start + rows, :]` into a tile; rows past `end` are 0.
+#[cube]
+fn load_rows<F: Float>(
+    src: &Tensor<F>,
+    tile: &mut SharedMemory<f32>,
+    b: usize,
+    h: usize,
+    start: usize,
+    end: usize,
+    #[comptime] rows: usize,
+    #[comptime] config: AttentionConfig,
+) {
+    let d = config.head_dim;
+    let mut t = UNIT_POS as usize;
+    while t < rows * d {
+        let r = t / d;
+        let c = t % d;
+        let mut value = 0.0f32;
+        if start + r < end {
+            value = f32::cast_from(src[b * src.stride(0) + h * src.stride(1) + (start + r) * src.stride(2) + c * src.stride(3)]);
+        }
+        tile[t] = value;
+        t += comptime!(config.units());
+    }
+}
+
+/// Dot product of row `a` of tile `x` and row `b` of tile `y` (both `head_dim` wide).
+#[cube]
+fn row_dot(x: &SharedMemory<f32>, a: usize, y: &SharedMemory<f32>, b: usize, #[comptime] d: usize, #[comptime] unroll: bool) -> f32 {
+    let mut total = 0.0f32;
+    #[unroll(unroll)]
+    for e in 0..d {
+        total += x[a * d + e] * y[b * d + e];
+    }
+    total
+}
+
+/// Where this unit's packed row lives: `(valid, head, position)`.
+#[cube]
+fn packed_row(p: usize, packed: usize, head_base: usize, q_len: usize) -> (bool, usize, usize) {
+    let valid = p < packed;
+    let mut h = head_base;
+    let mut i = 0usize;
+    if valid {
+        h = head_base + p / q_len;
+        i = p % q_len;
+    }
+    (valid, h, i)
+}
+
+/// Query positions spanned by packed rows `[p0, p_last]`: the whole sequence when the block wraps
+/// from one head of the group to the next.
+#[cube]
+fn position_span(p0: usize, p_last: usize, q_len: usize) -> (usize, usize) {
+    let mut lo = 0usize;
+    let mut hi = q_len - 1;
+    if p0 / q_len == p_last / q_len {
+        lo = p0 % q_len;
+        hi = p_last % q_len;
+    }
+    (lo, hi)
+}
+
+/// Forward. Grid: x = blocks of packed rows, y = kv head, z = batch × splits.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn forward_kernel<F: Float, O: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    bias: &Tensor<F>,
+    out: &mut Tensor<O>,
+    lse: &mut Tensor<f32>,
+    scale: f32,
+    softcap: f32,
+    window: usize,
+    splits: usize,
+    split_len: usize,
+    #[comptime] config: AttentionConfig,
+    #[define(F, O)] _types: [StorageType; 2],
+) {
+    let d = config.head_dim;
+    let lanes = config.lanes;
+    let block_k = config.block_k;
+    let keys_per_lane = comptime!(block_k.div_ceil(lanes));
+    let cols_per_lane = comptime!(d.div_ceil(lanes));
+    let lane = UNIT_POS_X as usize;
+    let row = UNIT_POS_Y as usize;
+
+    let batch = q.shape(0);
+    let q_heads = q.shape(1);
+    let q_len = q.shape(2);
+    let kv_len = k.shape(2);
+    let group = q_heads / k.shape(1);
+    let kvh = CUBE_POS_Y as usize;
+    let b = CUBE_POS_Z as usize / splits;
+    let split = CUBE_POS_Z as usize % splits;
+    let head_base = kvh * group;
+    let packed = group * q_len;
+    let p0 = CUBE_POS_X as usize * config.block_q;
+    let (row_valid, h, i) = packed_row(p0 + row, packed, head_base, q_len);
+    let (i_lo, i_hi) = position_span(p0, cubecl::prelude::min(p0 + config.block_q, packed) - 1, q_len);
+    let (mut start, mut end) = key_range(i_lo, i_hi, q_len, kv_len, window, config);
+    start = cubecl::prelude::max(start, split * split_len);
+    end = cubecl::prelude::min(end, split * split_len + split_len);
+
+    let mut q_tile = SharedMemory::<f32>::new(comptime!(config.block_q * d));
+    let mut k_tile = SharedMemory::<f32>::new(comptime!(block_k * d));
+    let mut v_tile = SharedMemory::<f32>::new(comptime!(block_k * d));
+    let mut p_tile = SharedMemory::<f32>::new(comptime!(config.block_q * block_k));
+    load_packed_rows(q, &mut q_tile, b, head_base, p0, packed, config.block_q, config);
+
+    let mut acc = Array::<f32>::new(cols_per_lane);
+    #[unroll(config.unroll)]
+    for c in 0..cols_per_lane {
+        acc[c] = 0.0;
+    }
+    let mut scores = Array::<f32>::new(keys_per_lane);
+    let mut m = f32::new(MASKED);
+    let mut l = 0.0f32;
+    let mut tile = start;
+    while tile < end {
+        sync_cube();
+        load_rows(k, &mut k_tile, b, kvh, tile, end, block_k, config);
+        load_rows(v, &mut v_tile, b, kvh, tile, end, block_k, config);
+        sync_cube();
+        let mut tile_max = f32::new(MASKED);
+        #[unroll(config.unroll)]
+        for t in 0..keys_per_lane {
+            let c = lane + t * lanes;
+            let j = tile + c;
+            let mut s = f32::new(MASKED);
+            if row_valid && c < block_k && j < end && visible(i, j, q_len, kv_len, window, config) {
+                s = capped_logit(row_dot(&q_tile, row, &k_tile, c, d, config.unroll), scale, softcap, config) + bias_at(bias, b, h, i, j, config);
+                tile_max = tile_max.max(s);
+            }
+            scores[t] = s;
+        }
+        let m_new = m.max(row_max(tile_max, comptime!(config.rows())));
+        let mut sum = 0.0f32;
+        #[unroll(config.unroll)]
+        for t in 0..keys_per_lane {
+            let c = lane + t * lanes;
+            let mut p = 0.0f32;
+            if scores[t] > MASKED {
+                p = (scores[t] - m_new).exp();
+            }
+            if c < block_k {
+                p_tile[row * block_k + c] = p;
+            }
+            sum += p;
+        }
+        let alpha = (m - m_new).exp();
+        l = l * alpha + row_sum(sum, comptime!(config.rows()));
+        m = m_new;
+        sync_cube();
+        #[unroll(config.unroll)]
+        for cc in 0..cols_per_lane {
+            let col = lane + cc * lanes;
+            if col < d {
+                let mut a = acc[cc] * alpha;
+                for c in 0..block_k {
+                    a += p_tile[row * block_k + c] * v_tile[c * d + col];
+                }
+                acc[cc] = a;
+            }
+        }
+        tile += block_k;
+    }
+
+    if row_valid {
+        let out_row = ((split * batch + b) * q_heads + h) * q_len + i;
+        let mut inv = 0.0f32;
+        if l > 0.0 {
+            inv = 1.0 / l;
+        }
+        #[unroll(config.unroll)]
+        for cc in 0..cols_per_lane {
+            let col = lane + cc * lanes;
+            if col < d {
+                out[out_row * d + col] = O::cast_from(acc[cc] * inv);
+            }
+        }
+        if lane == 0 {
+            let mut value = f32::new(EMPTY_LSE);
+            if l > 0.0 {
+                value = m + l.ln();
+            }
+            lse[out_row] = value;
+        }
+    }
+}
+
+/// Merge split-KV partials: `out = Σ_s w_s · o_s` with `w_s = exp(lse_s − lse)`, `lse` the
+/// log-sum-exp over splits. One unit per output element; partials `[splits, rows, d]` f32.
+#[cube(launch_unchecked)]
+fn combine_kernel<O: Float>(
+    partial_out: &Tensor<f32>,
+    partial_lse: &Tensor<f32>,
+    out: &mut Tensor<O>,
+    lse: &mut Tensor<f32>,
+    splits: usize,
+    rows: usize,
+    #[comptime] head_dim: usize,
+    #[define(O)] _dtype: StorageType,
+) {
+    let index = ABSOLUTE_POS;
+    if index >= rows * head_dim {
+        terminate!();
+    }
+    let r = index / head_dim;
+    let mut top = f32::new(MASKED);
+    for s in 0..splits {
+        let value = partial_lse[s * rows + r];
+        if value < EMPTY_LSE {
+            top = top.max(value);
+        }
+    }
+    let mut total = 0.0f32;
+    let mut acc = 0.0f32;
+    for s in 0..splits {
+        let value = partial_lse[s * rows + r];
+        if value < EMPTY_LSE {
+            let w = (value - top).exp();
+            total += w;
+            acc += w * partial_out[s * rows * head_dim + index];
+        }
+    }
+    let mut result = 0.0f32;
+    let mut row_lse = f32::new(EMPTY_LSE);
+    if total > 0.0 {
+        result = acc / total;
+        row_lse = top + total.ln();
+    }
+    out[index] = O::cast_from(result);
+    if index % head_dim == 0 {
+        lse[r] = row_lse;
+    }
+}
+
+/// `dS = P · (dP − D)`, times the softcap's derivative, for one logit: `p` the probability, `dp` the
+/// gradient of `p`, `delta = Σ dO·O` of the row, `capped` the pre-bias logit.
+#[cube]
+fn logit_grad(p: f32, dp: f32, delta: f32, capped: f32, softcap: f32, #[comptime] config: AttentionConfig) -> f32 {
+    let mut ds = p * (dp - delta);
+    if comptime!(config.softcap) {
+        let t = capped / softcap;
+        ds *= 1.0 - t * t;
+    }
+    ds
+}
+
+/// dQ. Grid and rows as the forward (no splits); `delta` is `Σ dO·O` per row (f32
+/// `[batch, q_heads, q_len]`).
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn backward_q_kernel<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    bias: &Tensor<F>,
+    d_out: &Tensor<F>,
+    lse: &Tensor<f32>,
+    delta: &Tensor<f32>,
+    dq: &mut Tensor<F>,
+    scale: f32,
+    softcap: f32,
+    window: usize,
+    #[comptime] config: AttentionConfig,
+    #[define(F)] _dtype: StorageType,
+) {
+    let d = config.head_dim;
+    let lanes = config.lanes;
+    let block_k = config.block_k;
+    let keys_per_lane = comptime!(block_k.div_ceil(lanes));
+    let cols_per_lane = comptime!(d.div_ceil(lanes));
+    let lane = UNIT_POS_X as usize;
+    let row = UNIT_POS_Y as usize;
+
+    let q_heads = q.shape(1);
+    let q_len = q.shape(2);
+    let kv_len = k.shape(2);
+    let group = q_heads / k.shape(1);
+    let kvh = CUBE_POS_Y as usize;
+    let b = CUBE_POS_Z as usize;
+    let head_base = kvh * group;
+    let packed = group * q_len;
+    let p0 = CUBE_POS_X as usize * config.block_q;
+    let (row_valid, h, i) = packed_row(p0 + row, packed, head_base, q_len);
+    let (i_lo, i_hi) = position_span(p0, cubecl::prelude::min(p0 + config.block_q, packed) - 1, q_len);
+    let (start, end) = key_range(i_lo, i_hi, q_len, kv_len, window, config);
+
+    let mut q_tile = SharedMemory::<f32>::new(comptime!(config.block_q * d));
+    let mut do_tile = SharedMemory::<f32>::new(comptime!(config.block_q * d));
+    let mut k_tile = SharedMemory::<f32>::new(comptime!(block_k * d));
+    let mut v_tile = SharedMemory::<f32>::new(comptime!(block_k * d));
+    let mut ds_tile = SharedMemory::<f32>::new(comptime!(config.block_q * block_k));
+    load_packed_rows(q, &mut q_tile, b, head_base, p0, packed, config.block_q, config);
+    load_packed_rows(d_out, &mut do_tile, b, head_base, p0, packed, config.block_q, config);
+    let stat = (b * q_heads + h) * q_len + i;
+    let mut row_lse = f32::new(EMPTY_LSE);
+    let mut row_delta = 0.0f32;
+    if row_valid {
+        row_lse = lse[stat];
+        row_delta = delta[stat];
+    }
+
+    let mut acc = Array::<f32>::new(cols_per_lane);
+    #[unroll(config.unroll)]
+    for c in 0..cols_per_lane {
+        acc[c] = 0.0;
+    }
+    let mut tile = start;
+    while tile < end {
+        sync_cube();
+        load_rows(k, &mut k_tile, b, kvh, tile, end, block_k, config);
+        load_rows(v, &mut v_tile, b, kvh, tile, end, block_k, config);
+        sync_cube();
+        #[unroll(config.unroll)]
+        for t in 0..keys_per_lane {
+            let c = lane + t * lanes;
+            let j = tile + c;
+            if c < block_k {
+                let mut ds = 0.0f32;
+                if row_valid && j < end && visible(i, j, q_len, kv_len, window, config) {
+                    let capped = capped_logit(row_dot(&q_tile, row, &k_tile, c, d, config.unroll), scale, softcap, config);
+                    let p = (capped + bias_at(bias, b, h, i, j, config) - row_lse).exp();
+                    let dp = row_dot(&do_tile, row, &v_tile, c, d, config.unroll);
+                    ds = logit_grad(p, dp, row_delta, capped, softcap, config);
+                }
+                ds_tile[row * block_k + c] = ds;
+            }
+        }
+        sync_cube();
+        #[unroll(config.unroll)]
+        for cc in 0..cols_per_lane {
+            let col = lane + cc * lanes;
+            if col < d {
+                let mut a = acc[cc];
+                for c in 0..block_k {
+                    a += ds_tile[row * block_k + c] * k_tile[c * d + col];
+                }
+                acc[cc] = a;
+            }
+        }
+        tile += block_k;
+    }
+    if row_valid {
+        let base = ((b * q_heads + h) * q_len + i) * d;
+        #[unroll(config.unroll)]
+        for cc in 0..cols_per_lane {
+            let col = lane + cc * lanes;
+            if col < d {
+                dq[base + col] = F::cast_from(acc[cc] * scale);
+            }
+        }
+    }
+}
+
+/// dK and dV. Grid: x = blocks of `block_q` keys, y = kv head, z = batch. A cube's rows are keys;
+/// it walks every query head of its group and the query tiles that can see its keys, so GQA
+/// gradients are summed in registers, without atomics.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn backward_kv_kernel<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    bias: &Tensor<F>,
+    d_out: &Tensor<F>,
+    lse: &Tensor<f32>,
+    delta: &Tensor<f32>,
+    dk: &mut Tensor<F>,
+    dv: &mut Tensor<F>,
+    scale: f32,
+    softcap: f32,
+    window: usize,
+    #[comptime] config: AttentionConfig,
+    #[define(F)] _dtype: StorageType,
+) {
+    let d = config.head_dim;
+    let lanes = config.lanes;
+    let keys = config.block_q;
+    let block = config.block_k;
+    let queries_per_lane = comptime!(block.div_ceil(lanes));
+    let cols_per_lane = comptime!(d.div_ceil(lanes));
+    let lane = UNIT_POS_X as usize;
+    let key = UNIT_POS_Y as usize;
+
+    let q_heads = q.shape(1);
+    let q_len = q.shape(2);
+    let kv_heads = k.shape(1);
+    let kv_len = k.shape(2);
+    let group = q_heads / kv_heads;
+    let kvh = CUBE_POS_Y as usize;
+    let b = CUBE_POS_Z as usize;
+    let j0 = CUBE_POS_X as usize * keys;
+    let j = j0 + key;
+    let key_valid = j < kv_len;
+    let j_last = cubecl::prelude::min(j0 + keys, kv_len) - 1;
+
+    // Query positions that can see a key in [j0, j_last].
+    let mut first = 0usize;
+    let mut last = q_len;
+    if comptime!(config.causal) {
+        if j0 + q_len > kv_len {
+            first = j0 + q_len - kv_len;
+        }
+    }
+    if comptime!(config.window) {
+        last = 0;
+        if j_last + q_len + window > kv_len {
+            last = cubecl::prelude::min(j_last + q_len + window - kv_len, q_len);
+        }
+    }
+
+    let mut k_tile = SharedMemory::<f32>::new(comptime!(keys * d));
+    let mut v_tile = SharedMemory::<f32>::new(comptime!(keys * d));
+    let mut q_tile = SharedMemory::<f32>::new(comptime!(block * d));
+    let mut do_tile = SharedMemory::<f32>::new(comptime!(block * d));
+    let mut p_tile = SharedMemory::<f32>::new(comptime!(keys * block));
+    let mut ds_tile = SharedMemory::<f32>::new(comptime!(keys * block));
+    let mut lse_tile = SharedMemory::<f32>::new(block);
+    let mut delta_tile = SharedMemory::<f32>::new(block);
+    load_rows(k, &mut k_tile, b, kvh, j0, kv_len, keys, config);
+    load_rows(v, &mut v_tile, b, kvh, j0, kv_len, keys, config);
+
+    let mut dk_acc = Array::<f32>::new(cols_per_lane);
+    let mut dv_acc = Array::<f32>::new(cols_per_lane);
+    #[unroll(config.unroll)]
+    for c in 0..cols_per_lane {
+        dk_acc[c] = 0.0;
+        dv_acc[c] = 0.0;
+    }
+    for g in 0..group {
+        let h = kvh * group + g;
+        let mut tile = first;
+        while tile < last {
+            sync_cube();
+            load_rows(q, &mut q_tile, b, h, tile, last, block, config);
+            load_rows(d_out, &mut do_tile, b, h, tile, last, block, config);
+            let mut t = UNIT_POS as usize;
+            while t < block {
+                let mut lse_value = f32::new(EMPTY_LSE);
+                let mut delta_value = 0.0f32;
+                if tile + t < last {
+                    let stat = (b * q_heads + h) * q_len + tile + t;
+                    lse_value = lse[stat];
+                    delta_value = delta[stat];
+                }
+                lse_tile[t] = lse_value;
+                delta_tile[t] = delta_value;
+                t += comptime!(config.units());
+            }
+            sync_cube();
+            #[unroll(config.unroll)]
+            for u in 0..queries_per_lane {
+                let r = lane + u * lanes;
+                let i = tile + r;
+                if r < block {
+                    let mut p = 0.0f32;
+                    let mut ds = 0.0f32;
+                    if key_valid && i < last && visible(i, j, q_len, kv_len, window, config) {
+                        let capped = capped_logit(row_dot(&q_tile, r, &k_tile, key, d, config.unroll), scale, softcap, config);
+                        p = (capped + bias_at(bias, b, h, i, j, config) - lse_tile[r]).exp();
+                        let dp = row_dot(&do_tile, r, &v_tile, key, d, config.unroll);
+                        ds = logit_grad(p, dp, delta_tile[r], capped, softcap, config);
+                    }
+                    p_tile[key * block + r] = p;
+                    ds_tile[key * block + r] = ds;
+                }
+            }
+            sync_cube();
+            #[unroll(config.unroll)]
+            for cc in 0..cols_per_lane {
+                let col = lane + cc * lanes;
+                if col < d {
+                    let mut a = dv_acc[cc];
+                    let mut e = dk_acc[cc];
+                    for r in 0..block {
+                        a += p_tile[key * block + r] * do_tile[r * d + col];
+                        e += ds_tile[key * block + r] * q_tile[r * d + col];
+                    }
+                    dv_acc[cc] = a;
+                    dk_acc[cc] = e;
+                }
+            }
+            tile += block;
+        }
+    }
+    if key_valid {
+        let base = ((b * kv_heads + kvh) * kv_len + j) * d;
+        #[unroll(config.unroll)]
+        for cc in 0..cols_per_lane {
+            let col = lane + cc * lanes;
+            if col < d {
+                dk[base + col] = F::cast_from(dk_acc[cc] * scale);
+                dv[base + col] = F::cast_from(dv_acc[cc]);
+            }
+        }
+    }
+}
+
+/// How a launch is cut: the configuration plus, for the forward, the KV splits.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionPlan {
+    pub config: AttentionConfig,
+    /// Splits of the KV length (1: no split, the forward writes the final output).
+    pub splits: usize,
+    /// Keys per split (a multiple of `block_k`).
+    pub split_len: usize,
+    /// Run the forward on tensor cores ([`mma`]); otherwise the portable kernel.
+    pub tensor_cores: bool,
+}
+
+/// Shapes of one attention problem.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttentionShape {
+    pub batch: usize,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub q_len: usize,
+    pub kv_len: usize,
+    pub head_dim: usize,
+}
+
+/// Masking and logit options, fixed per launch.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionFeatures {
+    pub causal: bool,
+    pub window: Option<usize>,
+    pub softcap: Option<f32>,
+    pub bias: bool,
+}
+
+/// Error for a head dimension whose tiles do not fit the device's shared memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeadDimTooLarge {
+    pub head_dim: usize,
+    pub shared_bytes: usize,
+}
+
+const LANES: usize = 8;
+const BLOCK_ROWS: usize = 16;
+
+impl AttentionPlan {
+    /// Plan the forward (and dQ) launch: the widest key tile whose shared memory fits, and KV
+    /// splits when the packed rows alone give fewer cubes than the device has multiprocessors.
+    ///
+    /// The forward runs on tensor cores when the runtime offers `mma.sync` m16n8k16 for `dtype`
+    /// (f16/bf16 on CUDA sm_80+), the head size is a multiple of 16 up to 128, and the KV length is
+    /// not split. `KILN_ATTENTION_PORTABLE=1` forces the portable kernel (for comparisons).
+    pub fn new<R: Runtime>(
+        client: &ComputeClient<R>,
+        shape: AttentionShape,
+        features: AttentionFeatures,
+        dtype: StorageType,
+    ) -> Result<Self, HeadDimTooLarge> {
+        let props = client.properties();
+        let limit = props.hardware.max_shared_memory_size.min(48 * 1024);
+        let base = AttentionConfig {
+            head_dim: shape.head_dim,
+            block_q: BLOCK_ROWS,
+            block_k: 8,
+            lanes: LANES,
+            plane_size: plane_size(client),
+            causal: features.causal,
+            window: features.window.is_some(),
+            softcap: features.softcap.is_some(),
+            bias: features.bias,
+            unroll: plane_size(client) > 0,
+        };
+        let config = [64, 32, 16, 8]
+            .into_iter()
+            .map(|block_k| AttentionConfig { block_k, ..base })
+            .find(|c| c.forward_shared_bytes() <= limit && c.backward_kv_shared_bytes() <= limit)
+            .ok_or(HeadDimTooLarge { head_dim: shape.head_dim, shared_bytes: limit })?;
+        let group = shape.q_heads / shape.kv_heads.max(1);
+        let cubes = (group * shape.q_len).div_ceil(config.block_q) * shape.kv_heads * shape.batch;
+        let sms = props.hardware.num_streaming_multiprocessors.unwrap_or(16) as usize;
+        let tiles = shape.kv_len.div_ceil(config.block_k).max(1);
+        // Each split keeps at least four key tiles so the merge stays cheap next to the work.
+        let splits = if cubes >= sms { 1 } else { (2 * sms).div_ceil(cubes).min(tiles.div_ceil(4)).max(1) };
+        let split_len = tiles.div_ceil(splits) * config.block_k;
+        let splits = shape.kv_len.div_ceil(split_len.max(1)).max(1);
+        let portable = std::env::var("KILN_ATTENTION_PORTABLE").is_ok_and(|v| v == "1");
+        let tensor_cores = splits == 1 && !portable && tensor_cores(client, dtype, shape.head_dim, limit);
+        Ok(Self { config, splits, split_len, tensor_cores })
+    }
+}
+
+/// Whether the tensor-core forward can run `dtype` heads of `head_dim` on `client`.
+fn tensor_cores<R: Runtime>(client: &ComputeClient<R>, dtype: StorageType, head_dim: usize, shared_limit: usize) -> bool {
+    let props = client.properties();
+    let half = matches!(dtype, StorageType::Scalar(ElemType::Float(FloatKind::F16 | FloatKind::BF16)));
+    let f32_type = StorageType::Scalar(ElemType::Float(FloatKind::F32));
+    let mma = MmaConfig { a_type: dtype, b_type: dtype, cd_type: f32_type, m: 16, n: 8, k: 16 };
+    let warps_of_32 = props.hardware.plane_size_min == 32 && props.hardware.plane_size_max == 32;
+    half && warps_of_32
+        && head_dim % 16 == 0
+        && head_dim <= 128
+        && props.features.matmul.mma.contains(&mma)
+        && mma::shared_bytes(head_dim, dtype.size()) <= shared_limit
+}
+
+fn plane_size<R: Runtime>(client: &ComputeClient<R>) -> usize {
+    let props = client.properties();
+    let hw = &props.hardware;
+    let fixed = hw.plane_size_min == hw.plane_size_max && hw.plane_size_max >= LANES as u32;
+    if fixed && props.features.plane.contains(cubecl::ir::features::Plane::Ops) { hw.plane_size_max as usize } else { 0 }
+}
+
+/// Tensors of a forward launch. With `plan.splits > 1`, `out` is f32 `[splits, batch, q_heads,
+/// q_len, d]` and `lse` f32 `[splits, batch, q_heads, q_len]` (merge them with
+/// [`launch_combine`]); otherwise `out` is contiguous `[batch, q_heads, q_len, d]` in `out_dtype`.
+pub struct ForwardArgs<R: Runtime> {
+    pub q: TensorArg<R>,
+    pub k: TensorArg<R>,
+    pub v: TensorArg<R>,
+    /// The bias when `config.bias`, else any tensor of the input dtype.
+    pub bias: TensorArg<R>,
+    pub out: TensorArg<R>,
+    pub lse: TensorArg<R>,
+}
+
+fn grid(shape: AttentionShape, block: usize, rows: usize, z: usize) -> CubeCount {
+    CubeCount::Static(rows.div_ceil(block) as u32, shape.kv_heads as u32, (shape.batch * z) as u32)
+}
+
+fn cube_dim(config: AttentionConfig) -> CubeDim {
+    CubeDim::new_2d(config.lanes as u32, config.block_q as u32)
+}
+
+
+/// Launch the forward (`dtype` of q/k/v/bias, `out_dtype` of `out`).
+pub fn launch_forward<R: Runtime>(
+    client: &ComputeClient<R>,
+    plan: &AttentionPlan,
+    shape: AttentionShape,
+    features: AttentionFeatures,
+    scale: f32,
+    dtype: StorageType,
+    out_dtype: StorageType,
+    args: ForwardArgs<R>,
+) {
+    let group = shape.q_heads / shape.kv_heads;
+    if plan.tensor_cores {
+        let rows = mma::PLANES * mma::PLANE_ROWS;
+        // SAFETY: as below; the plan checked that the runtime has m16n8k16 MMA for `dtype`,
+        // 32-lane planes and the shared memory, and `out` is the final `[b, hq, sq, d]` output.
+        unsafe {
+            mma::mma_forward_kernel::launch_unchecked::<R>(
+                client,
+                grid(shape, rows, group * shape.q_len, 1),
+                CubeDim::new_2d(32, mma::PLANES as u32),
+                args.q,
+                args.k,
+                args.v,
+                args.bias,
+                args.out,
+                args.lse,
+                scale,
+                features.softcap.unwrap_or(1.0),
+                features.window.unwrap_or(0),
+                plan.config,
+                dtype,
+            )
+        };
+        return;
+    }
+    // SAFETY: the host checked the shapes (q/k/v/bias agree, q_heads a multiple of kv_heads,
+    // grid sizes in range) and allocated `out`/`lse` for `splits`; every index is bounds-checked
+    // against those shapes in the kernel.
+    unsafe {
+        forward_kernel::launch_unchecked::<R>(
+            client,
+            grid(shape, plan.config.block_q, group * shape.q_len, plan.splits),
+            cube_dim(plan.config),
+            args.q,
+            args.k,
+            args.v,
+            args.bias,
+            args.out,
+            args.lse,
+            scale,
+            features.softcap.unwrap_or(1.0),
+            features.window.unwrap_or(0),
+            plan.splits,
+            plan.split_len,
+            plan.config,
+            [dtype, out_dtype],
+        )
+    }
+}
+
+/// Merge `splits` partials (`[splits, rows, head_dim]` f32, `[splits, rows]` f32) into `out`
+/// (`[rows, head_dim]` of `dtype`) and `lse` (`[rows]` f32).
+#[allow(clippy::too_many_arguments)]
+pub fn launch_combine<R: Runtime>(
+    client: &ComputeClient<R>,
+    dtype: StorageType,
+    splits: usize,
+    rows: usize,
+    head_dim: usize,
+    partial_out: TensorArg<R>,
+    partial_lse: TensorArg<R>,
+    out: TensorArg<R>,
+    lse: TensorArg<R>,
+) {
+    let (count, dim) = crate::row::elementwise_geometry(client, rows * head_dim);
+    // SAFETY: the partials hold `splits × rows × head_dim` and `splits × rows` values, the
+    // outputs `rows × head_dim` and `rows`; units past the end exit first.
+    unsafe {
+        combine_kernel::launch_unchecked::<R>(client, count, dim, partial_out, partial_lse, out, lse, splits, rows, head_dim, dtype)
+    }
+}
+
+/// Tensors of the backward: the forward's inputs, its output gradient `d_out`, its `lse` and
+/// `delta = Σ d_out · out` per row (both f32 `[batch, q_heads, q_len]`); gradients contiguous.
+pub struct BackwardArgs<R: Runtime> {
+    pub q: TensorArg<R>,
+    pub k: TensorArg<R>,
+    pub v: TensorArg<R>,
+    pub bias: TensorArg<R>,
+    pub d_out: TensorArg<R>,
+    pub lse: TensorArg<R>,
+    pub delta: TensorArg<R>,
+}
+
+/// Launch dQ (into `dq`), then dK and dV (into `dk`, `dv`). Takes the argument set twice because
+/// the two kernels bind the same inputs.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_backward<R: Runtime>(
+    client: &ComputeClient<R>,
+    plan: &AttentionPlan,
+    shape: AttentionShape,
+    features: AttentionFeatures,
+    scale: f32,
+    dtype: StorageType,
+    for_dq: BackwardArgs<R>,
+    for_dkv: BackwardArgs<R>,
+    dq: TensorArg<R>,
+    dk: TensorArg<R>,
+    dv: TensorArg<R>,
+) {
+    let config = plan.config;
+    let group = shape.q_heads / shape.kv_heads;
+    // The dK/dV kernel's rows are keys (`block_q` of them) and its tiles queries (`block_k`).
+    let kv_config = AttentionConfig { block_q: BLOCK_ROWS, block_k: config.block_k.min(32), ..config };
+    // SAFETY: as for the forward; gradients are contiguous and shaped like their inputs.
+    unsafe {
+        backward_q_kernel::launch_unchecked::<R>(
+            client,
+            grid(shape, config.block_q, group * shape.q_len, 1),
+            cube_dim(config),
+            for_dq.q,
+            for_dq.k,
+            for_dq.v,
+            for_dq.bias,
+            for_dq.d_out,
+            for_dq.lse,
+            for_dq.delta,
+            dq,
+            scale,
+            features.softcap.unwrap_or(1.0),
+            features.window.unwrap_or(0),
+            config,
+            dtype,
+        );
+        backward_kv_kernel::launch_unchecked::<R>(
+            client,
+            grid(shape, kv_config.block_q, shape.kv_len, 1),
+            cube_dim(kv_config),
+            for_dkv.q,
+            for_dkv.k,
+            for_dkv.v,
+            for_dkv.bias,
+            for_dkv.d_out,
+            for_dkv.lse,
+            for_dkv.delta,
+            dk,
+            dv,
+            scale,
+            features.softcap.unwrap_or(1.0),
+            features.window.unwrap_or(0),
+            kv_config,
+            dtype,
+        );
+    }
+}

@@ -1,0 +1,162 @@
+//! Flash attention on CubeCL backends: planning, allocation and the split-KV merge around
+//! `kiln_kernels::flash_attention`.
+
+use burn::tensor::{DType, FloatDType, Shape, TensorMetadata, ops::FloatTensor, ops::FloatTensorOps};
+use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement, tensor::CubeTensor};
+use kiln_kernels::flash_attention::{
+    AttentionFeatures, AttentionPlan, AttentionShape, BackwardArgs, ForwardArgs, launch_backward, launch_combine,
+    launch_forward,
+};
+
+use super::{AttentionOptions, AttentionOutput, FlashAttentionBackend, reference};
+use crate::backend::cube::{empty_like_device, placeholder, storage};
+
+fn problem<R: CubeRuntime>(q: &CubeTensor<R>, k: &CubeTensor<R>) -> AttentionShape {
+    let (qs, ks) = (q.shape(), k.shape());
+    AttentionShape { batch: qs[0], q_heads: qs[1], kv_heads: ks[1], q_len: qs[2], kv_len: ks[2], head_dim: qs[3] }
+}
+
+fn features(options: &AttentionOptions, bias: bool) -> AttentionFeatures {
+    AttentionFeatures {
+        causal: options.causal,
+        window: options.window,
+        softcap: options.softcap.map(|c| c as f32),
+        bias,
+    }
+}
+
+fn plan<R: CubeRuntime>(q: &CubeTensor<R>, shape: AttentionShape, features: AttentionFeatures) -> AttentionPlan {
+    AttentionPlan::new(&q.client, shape, features, storage(q)).unwrap_or_else(|e| {
+        panic!("kiln::flash_attention: head_dim {} needs more than the device's {} bytes of shared memory per cube", e.head_dim, e.shared_bytes)
+    })
+}
+
+/// Nothing to launch for empty problems; the grid's y/z dimensions hold heads and batch.
+fn launchable(shape: &AttentionShape) -> bool {
+    let sizes = [shape.batch, shape.q_heads, shape.q_len, shape.kv_len, shape.head_dim];
+    sizes.iter().all(|&s| s > 0) && shape.kv_heads < 1 << 16 && shape.batch < 1 << 16
+}
+
+impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashAttentionBackend for CubeBackend<R, F, I, BT> {
+    fn flash_attention_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        options: AttentionOptions,
+    ) -> AttentionOutput<Self> {
+        let shape = problem(&q, &k);
+        if !launchable(&shape) {
+            return reference::forward::<Self>(q, k, v, bias, options);
+        }
+        let features = features(&options, bias.is_some());
+        let plan = plan(&q, shape, features);
+        let client = q.client.clone();
+        let dtype = storage(&q);
+        let stats = [shape.batch, shape.q_heads, shape.q_len];
+        let output = empty_like_device(&q, q.shape(), q.dtype);
+        let lse = empty_like_device(&q, stats, DType::F32);
+        let bias = bias.unwrap_or_else(|| placeholder(&q));
+        let scale = options.scale_for(shape.head_dim) as f32;
+        if plan.splits == 1 {
+            let args = ForwardArgs {
+                q: q.into_tensor_arg(),
+                k: k.into_tensor_arg(),
+                v: v.into_tensor_arg(),
+                bias: bias.into_tensor_arg(),
+                out: output.clone().into_tensor_arg(),
+                lse: lse.clone().into_tensor_arg(),
+            };
+            launch_forward(&client, &plan, shape, features, scale, dtype, dtype, args);
+        } else {
+            let rows = stats.iter().product::<usize>();
+            let partial_out = empty_like_device(&q, [plan.splits, rows, shape.head_dim], DType::F32);
+            let partial_lse = empty_like_device(&q, [plan.splits, rows], DType::F32);
+            let args = ForwardArgs {
+                q: q.into_tensor_arg(),
+                k: k.into_tensor_arg(),
+                v: v.into_tensor_arg(),
+                bias: bias.into_tensor_arg(),
+                out: partial_out.clone().into_tensor_arg(),
+                lse: partial_lse.clone().into_tensor_arg(),
+            };
+            launch_forward(&client, &plan, shape, features, scale, dtype, DType::F32.into(), args);
+            launch_combine(
+                &client,
+                dtype,
+                plan.splits,
+                rows,
+                shape.head_dim,
+                partial_out.into_tensor_arg(),
+                partial_lse.into_tensor_arg(),
+                output.clone().into_tensor_arg(),
+                lse.clone().into_tensor_arg(),
+            );
+        }
+        AttentionOutput { output, lse }
+    }
+
+    fn flash_attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        output: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_output: FloatTensor<Self>,
+        options: AttentionOptions,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let shape = problem(&q, &k);
+        if !launchable(&shape) {
+            return reference::backward::<Self>(q, k, v, bias, output, lse, d_output, options);
+        }
+        let features = features(&options, bias.is_some());
+        let plan = plan(&q, shape, features);
+        let client = q.client.clone();
+        let dtype = storage(&q);
+        let delta = row_dot::<R, F, I, BT>(d_output.clone(), output, [shape.batch, shape.q_heads, shape.q_len]);
+        let dq = empty_like_device(&q, q.shape(), q.dtype);
+        let dk = empty_like_device(&k, k.shape(), k.dtype);
+        let dv = empty_like_device(&v, v.shape(), v.dtype);
+        let bias = bias.unwrap_or_else(|| placeholder(&q));
+        let args = || BackwardArgs {
+            q: q.clone().into_tensor_arg(),
+            k: k.clone().into_tensor_arg(),
+            v: v.clone().into_tensor_arg(),
+            bias: bias.clone().into_tensor_arg(),
+            d_out: d_output.clone().into_tensor_arg(),
+            lse: lse.clone().into_tensor_arg(),
+            delta: delta.clone().into_tensor_arg(),
+        };
+        let scale = options.scale_for(shape.head_dim) as f32;
+        launch_backward(
+            &client,
+            &plan,
+            shape,
+            features,
+            scale,
+            dtype,
+            args(),
+            args(),
+            dq.clone().into_tensor_arg(),
+            dk.clone().into_tensor_arg(),
+            dv.clone().into_tensor_arg(),
+        );
+        (dq, dk, dv)
+    }
+}
+
+/// `Σ_d a · b` per row of two `[.., d]` tensors, in f32, shaped `stats`.
+fn row_dot<R, F, I, BT>(a: CubeTensor<R>, b: CubeTensor<R>, stats: [usize; 3]) -> CubeTensor<R>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    type B<R, F, I, BT> = CubeBackend<R, F, I, BT>;
+    let a = B::<R, F, I, BT>::float_cast(a, FloatDType::F32);
+    let b = B::<R, F, I, BT>::float_cast(b, FloatDType::F32);
+    let product = B::<R, F, I, BT>::float_mul(a, b);
+    B::<R, F, I, BT>::float_reshape(B::<R, F, I, BT>::float_sum_dim(product, 3), Shape::new(stats))
+}

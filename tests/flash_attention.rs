@@ -1,0 +1,99 @@
+//! Flash attention vs the naive reference: output and dq/dk/dv on ragged lengths, GQA ratios
+//! 1/2/4/8, causal with and without a cache offset, sliding window, softcap, bias, rows that see
+//! no key, very large logits, split-KV decoding, f32/f16 on wgpu.
+
+mod common;
+
+use burn::backend::{Autodiff, NdArray};
+use burn::tensor::{DType, Tensor, s};
+use common::checks::{AttentionCase, assert_cases};
+use kiln::ops::AttentionOptions;
+
+fn cases() -> Vec<AttentionCase> {
+    let causal = AttentionOptions::causal();
+    let mut cases = vec![
+        AttentionCase::new(1, 1, 1, 1, 1, 64),
+        AttentionCase { options: causal, ..AttentionCase::new(2, 4, 2, 17, 17, 64) },
+        AttentionCase { options: causal, ..AttentionCase::new(1, 4, 1, 63, 63, 80) },
+        AttentionCase::new(1, 8, 1, 65, 65, 96),
+        AttentionCase { options: causal, ..AttentionCase::new(1, 2, 2, 257, 257, 128) },
+        AttentionCase { options: causal.with_window(100), ..AttentionCase::new(1, 2, 1, 1000, 1000, 64) },
+        // Decoding over a cache: one token, then a short chunk (bottom-right causal).
+        AttentionCase { options: causal, ..AttentionCase::new(2, 8, 2, 1, 300, 128) },
+        AttentionCase { options: causal.with_window(8).with_softcap(30.0), bias: true, ..AttentionCase::new(1, 4, 2, 5, 40, 64) },
+        // More queries than keys, causal: the first twelve rows see no key.
+        AttentionCase { options: causal, ..AttentionCase::new(1, 2, 1, 17, 5, 64) },
+        // Logits in the hundreds.
+        AttentionCase { options: AttentionOptions::default().with_scale(20.0), ..AttentionCase::new(1, 2, 2, 33, 47, 64) },
+        // A head size outside the common set, with a bias and no mask.
+        AttentionCase { bias: true, ..AttentionCase::new(1, 3, 3, 9, 20, 40) },
+    ];
+    for (i, case) in cases.iter_mut().enumerate() {
+        case.seed = 10 * i as u64;
+    }
+    cases
+}
+
+#[test]
+fn flash_attention_matches_reference_on_wgpu() {
+    let Some(device) = common::wgpu_device() else { return };
+    assert_cases::<Autodiff<burn::backend::Wgpu>, _>(&cases(), &device, &[DType::F32]);
+}
+
+/// f16 on a subset: lavapipe compiles every kernel variant anew and runs the reference's matmuls
+/// slowly, so the full set runs once (f32) and f16 covers GQA, decoding, all the masks and
+/// large logits.
+#[test]
+fn flash_attention_matches_reference_on_wgpu_f16() {
+    let Some(device) = common::wgpu_device() else { return };
+    let subset: Vec<_> = cases().into_iter().enumerate().filter(|(i, _)| [1, 6, 7, 8, 9].contains(i)).map(|(_, c)| c).collect();
+    assert_cases::<Autodiff<burn::backend::Wgpu>, _>(&subset, &device, &[DType::F16]);
+}
+
+#[test]
+fn flash_attention_reference_backward_matches_autodiff_on_ndarray() {
+    assert_cases::<Autodiff<NdArray>, _>(&cases(), &Default::default(), &[DType::F32]);
+}
+
+/// The decode path (one query over the cache, split over the KV length) gives the last row of the
+/// full causal forward over the same cache.
+#[test]
+fn decode_equals_the_last_row_of_the_full_forward() {
+    let Some(device) = common::wgpu_device() else { return };
+    type B = burn::backend::Wgpu;
+    let (batch, q_heads, kv_heads, len, d) = (1, 8, 2, 700, 64);
+    let q = common::tensor::<B, 4>(&common::random(&[batch, q_heads, len, d], 1), DType::F32, &device);
+    let k = common::tensor::<B, 4>(&common::random(&[batch, kv_heads, len, d], 2), DType::F32, &device);
+    let v = common::tensor::<B, 4>(&common::random(&[batch, kv_heads, len, d], 3), DType::F32, &device);
+    let full = kiln::ops::flash_attention(q.clone(), k.clone(), v.clone(), None, AttentionOptions::causal());
+    let last = q.slice(s![.., .., len - 1..len, ..]);
+    let decoded = kiln::ops::flash_attention(last, k, v, None, AttentionOptions::causal());
+    let expected = common::values(full.slice(s![.., .., len - 1..len, ..]));
+    let got = common::values(decoded);
+    let err = expected.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+    assert!(err < 1e-5, "decode vs full forward: max error {err}");
+
+    let client = <cubecl::wgpu::WgpuRuntime as cubecl::Runtime>::client(&device);
+    let shape = kiln_kernels::flash_attention::AttentionShape { batch, q_heads, kv_heads, q_len: 1, kv_len: len, head_dim: d };
+    let features = kiln_kernels::flash_attention::AttentionFeatures { causal: true, window: None, softcap: None, bias: false };
+    let plan = kiln_kernels::flash_attention::AttentionPlan::new(&client, shape, features, cubecl::ir::StorageType::Scalar(cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::F32))).unwrap();
+    assert!(plan.splits > 1, "one query token should split the cache over cubes: {plan:?}");
+}
+
+#[test]
+fn flash_attention_rejects_bad_heads() {
+    let device = Default::default();
+    let q = Tensor::<NdArray, 4>::ones([1, 3, 4, 8], &device);
+    let kv = Tensor::<NdArray, 4>::ones([1, 2, 4, 8], &device);
+    let msg = common::panic_message(|| kiln::ops::flash_attention(q, kv.clone(), kv, None, AttentionOptions::default()));
+    assert!(msg.contains("kiln::flash_attention") && msg.contains("[1, 3, 4, 8]") && msg.contains("[1, 2, 4, 8]"), "{msg}");
+}
+
+#[test]
+fn flash_attention_rejects_a_bias_that_does_not_broadcast() {
+    let device = Default::default();
+    let q = Tensor::<NdArray, 4>::ones([1, 2, 4, 8], &device);
+    let bias = Tensor::<NdArray, 4>::ones([1, 2, 4, 5], &device);
+    let msg = common::panic_message(|| kiln::ops::flash_attention(q.clone(), q.clone(), q, Some(bias), AttentionOptions::default()));
+    assert!(msg.contains("kiln::flash_attention") && msg.contains("[1, 2, 4, 5]") && msg.contains("[1, 2, 4, 4]"), "{msg}");
+}
