@@ -2,7 +2,7 @@
 //! same harness as the CI tests) and timings at Llama-7B shapes next to Burn's composed ops.
 //!
 //! Build: `scripts/gpu-check-build` (one stripped binary in `gpu/`); run on the GPU machine:
-//! `gpu/kiln-gpu-check [parity|bench|attention|all]`.
+//! `gpu/kiln-gpu-check [parity [FILTER]|bench|attention|all]`.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -17,9 +17,16 @@ use kiln::ops::{self, AttentionOptions, RopeTable, flash_attention::FlashAttenti
 type B = Cuda<f32>;
 type Ad = Autodiff<B>;
 
-fn parity(device: &CudaDevice) -> bool {
+/// Parity of every op whose case name contains `filter` (all with an empty filter).
+fn parity(device: &CudaDevice, filter: &str) -> bool {
     let mut ok = true;
-    let mut report = |name: String, comparisons: Vec<common::Comparison>| {
+    let mut report = |name: String, check: &dyn Fn() -> Vec<common::Comparison>| {
+        if !name.contains(filter) {
+            return;
+        }
+        let start = Instant::now();
+        let comparisons = check();
+        println!("parity {name} ({:.1} s)", start.elapsed().as_secs_f64());
         for c in &comparisons {
             println!("parity {name:<58} {:<10} kernel_err {:.3e} ref_err {:.3e} bound {:.3e} {}", c.name, c.kernel_err, c.reference_err, c.bound, if c.passed() { "ok" } else { "FAIL" });
         }
@@ -29,32 +36,32 @@ fn parity(device: &CudaDevice) -> bool {
         for shape in [[1, 3, 4096], [2, 37, 1000], [1, 17, 5000], [4, 64, 4096]] {
             for residual in [false, true] {
                 let case = RmsNormCase { shape, residual, seed: 1 };
-                report(format!("rms_norm {shape:?} residual={residual} {dtype:?}"), run_check(&case, device, dtype));
+                report(format!("rms_norm {shape:?} residual={residual} {dtype:?}"), &|| run_check(&case, device, dtype));
             }
         }
         for (shape, transposed) in [([2, 33, 32, 128], false), ([1, 100, 8, 64], true), ([1, 7, 4, 80], false)] {
             let case = RopeCase { shape, offset: 3, transposed, scaling: RopeScaling::None, seed: 2 };
-            report(format!("rope {shape:?} transposed={transposed} {dtype:?}"), run_check(&case, device, dtype));
+            report(format!("rope {shape:?} transposed={transposed} {dtype:?}"), &|| run_check(&case, device, dtype));
         }
         for (seq, hq, hk, d) in [(65, 32, 8, 128), (17, 14, 2, 64), (9, 4, 4, 80)] {
             let case = RmsNormRopeCase { batch: 2, seq, q_heads: hq, kv_heads: hk, head_dim: d, offset: 5, transposed: false, seed: 3 };
-            report(format!("rms_norm_rope s{seq} hq{hq} hk{hk} d{d} {dtype:?}"), run_check(&case, device, dtype));
+            report(format!("rms_norm_rope s{seq} hq{hq} hk{hk} d{d} {dtype:?}"), &|| run_check(&case, device, dtype));
         }
         let causal = AttentionOptions::causal();
         let attention = [
             AttentionCase { options: causal, ..AttentionCase::new(2, 8, 2, 257, 257, 128) },
-            AttentionCase::new(1, 4, 4, 1000, 1000, 64),
+            AttentionCase::new(1, 4, 4, 300, 1000, 64),
             AttentionCase { options: causal, ..AttentionCase::new(1, 32, 8, 1, 4000, 128) },
             AttentionCase { options: causal.with_window(64).with_softcap(30.0), bias: true, ..AttentionCase::new(1, 4, 2, 65, 300, 96) },
             AttentionCase { options: causal, ..AttentionCase::new(1, 2, 1, 100, 37, 80) },
         ];
         for case in attention {
-            report(format!("attention {case:?} {dtype:?}"), run_check(&case, device, dtype));
+            report(format!("attention {case:?} {dtype:?}"), &|| run_check(&case, device, dtype));
         }
         for shape in [[37, 11008], [3, 1001]] {
             for activation in [GluActivation::Silu, GluActivation::GeluTanh] {
                 let case = GluCase { shape, activation, seed: 4 };
-                report(format!("glu {shape:?} {activation:?} {dtype:?}"), run_check(&case, device, dtype));
+                report(format!("glu {shape:?} {activation:?} {dtype:?}"), &|| run_check(&case, device, dtype));
             }
         }
     }
@@ -157,9 +164,11 @@ fn bench(device: &CudaDevice) {
     let nqk = (b * s * (hq + hk) * d) as f64;
     line("kiln rope fwd bf16 q[4,4096,32,128]", time(device, ITERS, || ops::rope(q.clone(), &table, 0)), 2.0 * nq * bf, copy_rate);
     let burn_rope = burn::nn::RotaryEncodingConfig::new(s, d).with_theta(500_000.0).init::<B>(device);
-    // Burn's RotaryEncoding wants a contiguous [b, heads, seq, d] tensor (a swapped view panics).
-    let q_bhsd = rand([b, hq, s, d], device);
-    line("burn RotaryEncoding fwd bf16 q[4,32,4096,128]", time(device, ITERS, || burn_rope.forward(q_bhsd.clone())), 2.0 * nq * bf, copy_rate);
+    // Burn's RotaryEncoding wants a contiguous [b, heads, seq, d] tensor (a swapped view panics)
+    // and fails on bf16 input (DTypeMismatch against its f32 tables), so it runs in f32: 4 bytes
+    // per element.
+    let q_bhsd = rand([b, hq, s, d], device).cast(DType::F32);
+    line("burn RotaryEncoding fwd f32 q[4,32,4096,128]", time(device, ITERS, || burn_rope.forward(q_bhsd.clone())), 2.0 * nq * 4.0, copy_rate);
     line("kiln rms_norm_rope fwd bf16 q+k", time(device, ITERS, || ops::rms_norm_rope(q.clone(), k.clone(), qg.clone(), qg.clone(), &table, 0, 1e-6)), 2.0 * nqk * bf, copy_rate);
     let fwd = <B as kiln::ops::rms_norm_rope::RmsNormRopeBackend>::rms_norm_rope_forward(
         q.clone().into_primitive().tensor(), k.clone().into_primitive().tensor(), qg.clone().into_primitive().tensor(), qg.clone().into_primitive().tensor(),
@@ -191,9 +200,15 @@ fn time_few<T>(device: &CudaDevice, iters: usize, mut f: impl FnMut() -> T) -> f
 /// Flash attention at the FlashAttention-2 paper's shapes (batch × seq = 16k tokens, 2048 model
 /// width), forward and backward TFLOP/s (backward counted as 2.5 × forward FLOPs), the memory
 /// held for the backward at 16k, and one decoding step over a 32k cache.
-fn bench_attention(device: &CudaDevice) {
-    for head_dim in [64, 128] {
-        for seq in [1024, 4096, 8192, 16384] {
+fn bench_attention(device: &CudaDevice, quick: bool) {
+    let client = <cubecl::cuda::CudaRuntime as cubecl::Runtime>::client(device);
+    let shape = kiln_kernels::flash_attention::AttentionShape { batch: 4, q_heads: 16, kv_heads: 16, q_len: 4096, kv_len: 4096, head_dim: 128 };
+    let features = kiln_kernels::flash_attention::AttentionFeatures { causal: true, window: None, softcap: None, bias: false };
+    let plan = kiln_kernels::flash_attention::AttentionPlan::new(&client, shape, features, DType::BF16.into()).unwrap();
+    println!("bench attention forward path (bf16 prefill): {}", if plan.tensor_cores { "tensor cores (mma.sync m16n8k16)" } else { "portable" });
+    let (head_dims, seqs): (&[usize], &[usize]) = if quick { (&[128], &[4096]) } else { (&[64, 128], &[1024, 4096, 8192, 16384]) };
+    for &head_dim in head_dims {
+        for &seq in seqs {
             for causal in [false, true] {
                 let (batch, heads) = (16384 / seq, 2048 / head_dim);
                 let q = rand([batch, heads, seq, head_dim], device);
@@ -202,7 +217,7 @@ fn bench_attention(device: &CudaDevice) {
                 let d_out = rand([batch, heads, seq, head_dim], device);
                 let options = AttentionOptions { causal, ..Default::default() };
                 let flops = 4.0 * (batch * heads * seq * seq * head_dim) as f64 * if causal { 0.5 } else { 1.0 };
-                let iters = (4096 * 4096 / (seq * seq)).clamp(2, 20);
+                let iters = (4096 * 4096 / (seq * seq)).clamp(1, 20);
                 let fwd = time_few(device, iters, || ops::flash_attention(q.clone(), k.clone(), v.clone(), None, options));
                 let saved = B::flash_attention_forward(q.clone().into_primitive().tensor(), k.clone().into_primitive().tensor(), v.clone().into_primitive().tensor(), None, options);
                 let bwd = time_few(device, iters, || {
@@ -216,8 +231,10 @@ fn bench_attention(device: &CudaDevice) {
         }
     }
 
+    if quick {
+        return;
+    }
     // Memory held after the forward under autodiff (what the backward keeps), 16k tokens, 2 heads.
-    let client = <cubecl::cuda::CudaRuntime as cubecl::Runtime>::client(device);
     let in_use = || {
         B::sync(device).unwrap();
         client.memory_usage().map(|u| u.bytes_in_use as f64 / 1e9).unwrap_or(f64::NAN)
@@ -252,14 +269,17 @@ fn main() {
     println!("kiln GPU check on {device:?}, mode {mode}");
     let mut ok = true;
     if mode == "parity" || mode == "all" {
-        ok = parity(&device);
+        ok = parity(&device, &std::env::args().nth(2).unwrap_or_default());
         println!("parity: {}", if ok { "all passed" } else { "FAILURES" });
     }
     if mode == "bench" || mode == "all" {
         bench(&device);
     }
     if mode == "attention" || mode == "bench" || mode == "all" {
-        bench_attention(&device);
+        bench_attention(&device, false);
+    }
+    if mode == "attention-quick" {
+        bench_attention(&device, true);
     }
     std::process::exit(if ok { 0 } else { 1 });
 }
