@@ -179,6 +179,50 @@ fn bench(device: &CudaDevice) {
     }), 3.0 * nq * bf, copy_rate);
 }
 
+/// The tensor-core forward in bf16 against the f64 oracle, with the bf16 reference forward (Burn
+/// ops on CUDA) as the same-precision baseline of DEVELOPERS.md's rule. Forward only: the
+/// backward kernels are shared with f32, whose parity the full `parity attention` run checks.
+fn parity_tensor_cores(device: &CudaDevice) -> bool {
+    use kiln::ops::flash_attention::reference;
+    let mut ok = true;
+    let causal = AttentionOptions::causal();
+    let cases = [
+        AttentionCase { options: causal, ..AttentionCase::new(2, 8, 2, 257, 257, 128) },
+        AttentionCase::new(1, 4, 4, 300, 1000, 64),
+        AttentionCase { options: causal.with_window(64).with_softcap(30.0), bias: true, ..AttentionCase::new(1, 4, 2, 65, 300, 96) },
+        AttentionCase { options: causal, ..AttentionCase::new(1, 2, 1, 100, 37, 80) },
+    ];
+    for case in cases {
+        let start = Instant::now();
+        let data = |shape: &[usize], seed| common::random(shape, seed);
+        let (qs, ks) = ([case.batch, case.q_heads, case.q_len, case.head_dim], [case.batch, case.kv_heads, case.kv_len, case.head_dim]);
+        let inputs = [data(&qs, 1), data(&ks, 2), data(&ks, 3)];
+        let bias = case.bias.then(|| data(&[case.batch, case.q_heads, case.q_len, case.kv_len], 4));
+        let run = |kernel: bool, dtype: DType| -> Vec<f64> {
+            let [q, k, v] = inputs.clone().map(|d| common::tensor::<B, 4>(&d, dtype, device));
+            let bias = bias.as_ref().map(|d| common::tensor::<B, 4>(d, dtype, device));
+            if kernel {
+                common::values(ops::flash_attention(q, k, v, bias, case.options))
+            } else {
+                let out = reference::forward::<B>(q.into_primitive().tensor(), k.into_primitive().tensor(), v.into_primitive().tensor(), bias.map(|b| b.into_primitive().tensor()), case.options);
+                common::values(Tensor::<B, 4>::from_primitive(burn::tensor::TensorPrimitive::Float(out.output)))
+            }
+        };
+        let oracle = {
+            type O = burn::backend::NdArray<f64>;
+            let [q, k, v] = inputs.clone().map(|d| common::tensor::<O, 4>(&d, DType::F64, &Default::default()));
+            let bias = bias.as_ref().map(|d| common::tensor::<O, 4>(d, DType::F64, &Default::default()).into_primitive().tensor());
+            let out = reference::forward::<O>(q.into_primitive().tensor(), k.into_primitive().tensor(), v.into_primitive().tensor(), bias, case.options);
+            common::values(Tensor::<O, 4>::from_primitive(burn::tensor::TensorPrimitive::Float(out.output)))
+        };
+        common::poison::<B>(device, case.footprint() * 4, DType::BF16);
+        let c = common::compare("out", &run(true, DType::BF16), &run(false, DType::BF16), &oracle, DType::BF16, case.depth());
+        println!("parity tensor-core attention {case:?} BF16 out kernel_err {:.3e} ref_err {:.3e} bound {:.3e} {} ({:.1} s)", c.kernel_err, c.reference_err, c.bound, if c.passed() { "ok" } else { "FAIL" }, start.elapsed().as_secs_f64());
+        ok &= c.passed();
+    }
+    ok
+}
+
 /// Seconds per call of `f`, `iters` calls per sample, median of three samples after one warm-up.
 fn time_few<T>(device: &CudaDevice, iters: usize, mut f: impl FnMut() -> T) -> f64 {
     let warm = f();
@@ -277,6 +321,9 @@ fn main() {
     }
     if mode == "attention" || mode == "bench" || mode == "all" {
         bench_attention(&device, false);
+    }
+    if mode == "parity-tensor-cores" {
+        ok = parity_tensor_cores(&device);
     }
     if mode == "attention-quick" {
         bench_attention(&device, true);

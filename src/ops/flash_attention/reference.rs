@@ -87,8 +87,10 @@ pub fn forward<B: Backend>(
     let p = (l.masked - max.clone()).exp() * l.visible;
     let sum = p.clone().sum_dim(3);
     let empty = sum.clone().equal_elem(0.0);
-    let output = p.matmul(v) / sum.clone().clamp_min(f64::MIN_POSITIVE);
-    let lse = (max + sum.clamp_min(f64::MIN_POSITIVE).log()).mask_fill(empty, EMPTY_LSE as f64);
+    // The smallest normal f32 (f64::MIN_POSITIVE would round to 0 in f32 and give 0/0 on empty rows).
+    let tiny = f32::MIN_POSITIVE as f64;
+    let output = p.matmul(v) / sum.clone().clamp_min(tiny);
+    let lse = (max + sum.clamp_min(tiny).log()).mask_fill(empty, EMPTY_LSE as f64);
     let [b, h, s, _] = lse.dims();
     AttentionOutput { output: prim(output.cast(dtype)), lse: prim(lse.reshape([b, h, s])) }
 }
