@@ -115,7 +115,7 @@ impl RowLayout {
 
 /// The plane size to reduce with, or 0 when plane operations are unavailable or the plane size
 /// is not fixed (the butterfly below needs it at compile time).
-fn plane_size_for_reduction<R: Runtime>(client: &ComputeClient<R>) -> usize {
+pub(crate) fn plane_size_for_reduction<R: Runtime>(client: &ComputeClient<R>) -> usize {
     let props = client.properties();
     let hw = &props.hardware;
     let fixed = hw.plane_size_min == hw.plane_size_max && hw.plane_size_max.is_power_of_two();

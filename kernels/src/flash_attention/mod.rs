@@ -22,7 +22,7 @@
 
 mod mma;
 
-use crate::row::{RowLayout, row_max, row_sum};
+use crate::row::{RowLayout, plane_size_for_reduction, row_max, row_sum};
 use cubecl::ir::{ElemType, FloatKind, features::MmaConfig};
 use cubecl::prelude::*;
 
@@ -722,12 +722,12 @@ impl AttentionPlan {
             block_q: BLOCK_ROWS,
             block_k: 8,
             lanes: LANES,
-            plane_size: plane_size(client),
+            plane_size: plane_size_for_reduction(client),
             causal: features.causal,
             window: features.window.is_some(),
             softcap: features.softcap.is_some(),
             bias: features.bias,
-            unroll: plane_size(client) > 0,
+            unroll: plane_size_for_reduction(client) > 0,
         };
         let config = [64, 32, 16, 8]
             .into_iter()
@@ -760,13 +760,6 @@ fn tensor_cores<R: Runtime>(client: &ComputeClient<R>, dtype: StorageType, head_
         && head_dim <= 128
         && props.features.matmul.mma.contains(&mma)
         && mma::shared_bytes(head_dim, dtype.size()) <= shared_limit
-}
-
-fn plane_size<R: Runtime>(client: &ComputeClient<R>) -> usize {
-    let props = client.properties();
-    let hw = &props.hardware;
-    let fixed = hw.plane_size_min == hw.plane_size_max && hw.plane_size_max >= LANES as u32;
-    if fixed && props.features.plane.contains(cubecl::ir::features::Plane::Ops) { hw.plane_size_max as usize } else { 0 }
 }
 
 /// Tensors of a forward launch. With `plan.splits > 1`, `out` is f32 `[splits, batch, q_heads,

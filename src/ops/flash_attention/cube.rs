@@ -58,29 +58,26 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashAtten
         let lse = empty_like_device(&q, stats, DType::F32);
         let bias = bias.unwrap_or_else(|| placeholder(&q));
         let scale = options.scale_for(shape.head_dim) as f32;
-        if plan.splits == 1 {
-            let args = ForwardArgs {
-                q: q.into_tensor_arg(),
-                k: k.into_tensor_arg(),
-                v: v.into_tensor_arg(),
-                bias: bias.into_tensor_arg(),
-                out: output.clone().into_tensor_arg(),
-                lse: lse.clone().into_tensor_arg(),
-            };
-            launch_forward(&client, &plan, shape, features, scale, dtype, dtype, args);
-        } else {
-            let rows = stats.iter().product::<usize>();
-            let partial_out = empty_like_device(&q, [plan.splits, rows, shape.head_dim], DType::F32);
-            let partial_lse = empty_like_device(&q, [plan.splits, rows], DType::F32);
-            let args = ForwardArgs {
-                q: q.into_tensor_arg(),
-                k: k.into_tensor_arg(),
-                v: v.into_tensor_arg(),
-                bias: bias.into_tensor_arg(),
-                out: partial_out.clone().into_tensor_arg(),
-                lse: partial_lse.clone().into_tensor_arg(),
-            };
-            launch_forward(&client, &plan, shape, features, scale, dtype, DType::F32.into(), args);
+        // With a split KV length the kernel writes f32 partials that the combine step merges.
+        let rows = stats.iter().product::<usize>();
+        let partials = (plan.splits > 1).then(|| {
+            let out = empty_like_device(&q, [plan.splits, rows, shape.head_dim], DType::F32);
+            (out, empty_like_device(&q, [plan.splits, rows], DType::F32))
+        });
+        let (target_out, target_lse, target_dtype) = match &partials {
+            Some((out, lse)) => (out.clone(), lse.clone(), DType::F32.into()),
+            None => (output.clone(), lse.clone(), dtype),
+        };
+        let args = ForwardArgs {
+            q: q.into_tensor_arg(),
+            k: k.into_tensor_arg(),
+            v: v.into_tensor_arg(),
+            bias: bias.into_tensor_arg(),
+            out: target_out.into_tensor_arg(),
+            lse: target_lse.into_tensor_arg(),
+        };
+        launch_forward(&client, &plan, shape, features, scale, dtype, target_dtype, args);
+        if let Some((partial_out, partial_lse)) = partials {
             launch_combine(
                 &client,
                 dtype,
