@@ -2,10 +2,12 @@
 //! same harness as the CI tests) and timings at Llama-7B shapes next to Burn's composed ops.
 //!
 //! Build: `scripts/gpu-check-build` (one stripped binary in `gpu/`); run on the GPU machine:
-//! `gpu/kiln-gpu-check [parity [FILTER]|bench|attention|all]`.
+//! `gpu/kiln-gpu-check [parity [FILTER]|bench|attention|gemm|gemm-order|gemm-strategies|all]`.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "gpu_check/gemm.rs"]
+mod gemm;
 
 use std::time::Instant;
 
@@ -57,6 +59,9 @@ fn parity(device: &CudaDevice, filter: &str) -> bool {
         ];
         for case in attention {
             report(format!("attention {case:?} {dtype:?}"), &|| run_check(&case, device, dtype));
+        }
+        for case in gemm::parity_cases() {
+            report(format!("gemm {case:?} {dtype:?}"), &|| run_check(&case, device, dtype));
         }
         for shape in [[37, 11008], [3, 1001]] {
             for activation in [GluActivation::Silu, GluActivation::GeluTanh] {
@@ -324,6 +329,19 @@ fn main() {
     }
     if mode == "parity-tensor-cores" {
         ok = parity_tensor_cores(&device);
+    }
+    if mode == "gemm-order" {
+        ok = gemm::ordering_check(&device);
+        gemm::bench_order(&device);
+    }
+    if mode == "gemm" || mode == "gemm-bf16" || mode == "gemm-quick" {
+        gemm::bench(&device, DType::BF16, mode == "gemm-quick");
+    }
+    if mode == "gemm" || mode == "gemm-f32" {
+        gemm::bench(&device, DType::F32, false);
+    }
+    if mode == "gemm-strategies" {
+        gemm::bench_strategies(&device);
     }
     if mode == "attention-quick" {
         bench_attention(&device, true);

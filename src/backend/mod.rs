@@ -6,15 +6,15 @@ pub(crate) mod cube;
 pub(crate) mod fusion;
 
 use crate::ops::{
-    flash_attention::FlashAttentionBackend, rms_norm::RmsNormBackend, rms_norm_rope::RmsNormRopeBackend,
+    flash_attention::FlashAttentionBackend, matmul::MatmulBackend, rms_norm::RmsNormBackend, rms_norm_rope::RmsNormRopeBackend,
     rope::RopeBackend, swiglu::SwiGluBackend,
 };
 
 /// Every kiln op. Implemented for each backend that implements every op family.
-pub trait KilnBackend: RmsNormBackend + RopeBackend + RmsNormRopeBackend + SwiGluBackend + FlashAttentionBackend {}
+pub trait KilnBackend: RmsNormBackend + RopeBackend + RmsNormRopeBackend + SwiGluBackend + FlashAttentionBackend + MatmulBackend {}
 
 impl<B> KilnBackend for B where
-    B: RmsNormBackend + RopeBackend + RmsNormRopeBackend + SwiGluBackend + FlashAttentionBackend
+    B: RmsNormBackend + RopeBackend + RmsNormRopeBackend + SwiGluBackend + FlashAttentionBackend + MatmulBackend
 {
 }
 

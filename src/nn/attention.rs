@@ -1,9 +1,10 @@
 use burn::config::Config;
 use burn::module::Module;
-use burn::nn::{Linear, LinearConfig};
+use super::{Linear, LinearConfig};
 use burn::tensor::{Tensor, backend::Backend, s};
 
 use crate::ops::flash_attention::{AttentionOptions, FlashAttentionBackend, flash_attention};
+use crate::ops::matmul::MatmulBackend;
 use crate::ops::rope::{RopeBackend, RopeTable, rope};
 
 /// Configuration of [`MultiHeadAttention`].
@@ -110,7 +111,7 @@ impl<B: Backend> KvCache<B> {
     }
 }
 
-impl<B: FlashAttentionBackend + RopeBackend> MultiHeadAttention<B> {
+impl<B: FlashAttentionBackend + RopeBackend + MatmulBackend> MultiHeadAttention<B> {
     /// Causal self-attention over `x: [batch, seq, d_model]`. With a cache, `x` holds the
     /// positions after those already cached, and its keys/values are appended.
     pub fn forward(&self, x: Tensor<B, 3>, rope_table: &RopeTable<B>, cache: Option<&mut KvCache<B>>) -> Tensor<B, 3> {

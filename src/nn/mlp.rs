@@ -1,8 +1,9 @@
 use burn::config::Config;
 use burn::module::Module;
-use burn::nn::{Linear, LinearConfig};
 use burn::tensor::{Tensor, backend::Backend};
 
+use super::{Linear, LinearConfig};
+use crate::ops::matmul::MatmulBackend;
 use crate::ops::swiglu::{GluActivation, SwiGluBackend, geglu, swiglu};
 
 /// Configuration of [`GatedMlp`].
@@ -37,7 +38,7 @@ pub struct GatedMlp<B: Backend> {
     pub activation: GluActivation,
 }
 
-impl<B: SwiGluBackend> GatedMlp<B> {
+impl<B: SwiGluBackend + MatmulBackend> GatedMlp<B> {
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
         let (g, u) = (self.gate.forward(x.clone()), self.up.forward(x));
         let h = match self.activation {

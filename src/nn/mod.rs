@@ -1,9 +1,11 @@
 //! Burn modules built on kiln's fused ops.
 
 mod attention;
+mod linear;
 mod mlp;
 mod rms_norm;
 
 pub use attention::{KvCache, MultiHeadAttention, MultiHeadAttentionConfig};
+pub use linear::{Linear, LinearConfig};
 pub use mlp::{GatedMlp, GatedMlpConfig};
 pub use rms_norm::{RmsNorm, RmsNormConfig};

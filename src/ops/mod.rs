@@ -2,12 +2,14 @@
 //! implementation, CubeCL implementation, fusion registration and autodiff backward.
 
 pub mod flash_attention;
+pub mod matmul;
 pub mod rms_norm;
 pub mod rms_norm_rope;
 pub mod rope;
 pub mod swiglu;
 
 pub use flash_attention::{AttentionOptions, flash_attention};
+pub use matmul::{linear, linear_residual, matmul};
 pub use rms_norm::{rms_norm, rms_norm_residual};
 pub use rms_norm_rope::rms_norm_rope;
 pub use rope::{RopeTable, rope};

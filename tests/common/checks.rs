@@ -295,3 +295,89 @@ impl Case for AttentionCase {
         (self.q_heads * self.q_len + 2 * self.kv_heads * self.kv_len) * self.head_dim * self.batch * 2
     }
 }
+
+/// A dense product through the public API: `matmul` of `[batch, m, k] · [batch | 1, k, n]`
+/// (operands optionally given as transposed views), or `linear`/`linear_residual` of
+/// `[batch, m, k]` with a `[k, n]` weight.
+#[derive(Debug, Clone, Copy)]
+pub struct GemmCase {
+    pub batch: usize,
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    pub kind: GemmKind,
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GemmKind {
+    /// `matmul`; the flags make each operand a transposed view of `[.., cols, rows]` storage.
+    Matmul { transpose_lhs: bool, transpose_rhs: bool, shared_rhs: bool },
+    /// `linear` (with bias) or, with `residual`, `linear_residual`.
+    Linear { bias: bool, residual: bool },
+}
+
+impl GemmCase {
+    /// A view of `[a, r, c]` data, stored as `[a, c, r]` and transposed when `transposed`.
+    fn operand<B: Backend>(shape: [usize; 3], transposed: bool, seed: u64, dtype: DType, device: &B::Device) -> Tensor<B, 3>
+    where
+        B: burn::tensor::backend::AutodiffBackend,
+    {
+        if transposed {
+            tensor::<B, 3>(&random(&[shape[0], shape[2], shape[1]], seed), dtype, device).require_grad()
+        } else {
+            tensor::<B, 3>(&random(&shape, seed), dtype, device).require_grad()
+        }
+    }
+}
+
+impl Case for GemmCase {
+    fn run<B: KilnAutodiffBackend>(&self, device: &B::Device, dtype: DType, kernel: bool) -> Outputs {
+        let (b, m, k, n, s) = (self.batch, self.m, self.k, self.n, self.seed);
+        match self.kind {
+            GemmKind::Matmul { transpose_lhs, transpose_rhs, shared_rhs } => {
+                let lhs = Self::operand::<B>([b, m, k], transpose_lhs, s, dtype, device);
+                let rhs = Self::operand::<B>([if shared_rhs { 1 } else { b }, k, n], transpose_rhs, s + 1, dtype, device);
+                let view = |t: &Tensor<B, 3>, transposed: bool| if transposed { t.clone().swap_dims(1, 2) } else { t.clone() };
+                let (l, r) = (view(&lhs, transpose_lhs), view(&rhs, transpose_rhs));
+                let y = if kernel { ops::matmul(l, r) } else { l.matmul(r) };
+                let grads = weighted(y.clone(), s + 2, device).backward();
+                vec![("y", values(y)), ("dlhs", grad(&lhs, &grads)), ("drhs", grad(&rhs, &grads))]
+            }
+            GemmKind::Linear { bias, residual } => {
+                let x = Self::operand::<B>([b, m, k], false, s, dtype, device);
+                let w = tensor::<B, 2>(&random(&[k, n], s + 1), dtype, device).require_grad();
+                let bv = tensor::<B, 1>(&random(&[n], s + 2), dtype, device).require_grad();
+                let res = tensor::<B, 3>(&random(&[b, m, n], s + 3), dtype, device).require_grad();
+                let y = match (kernel, residual) {
+                    (true, false) => ops::linear(x.clone(), w.clone(), bias.then(|| bv.clone())),
+                    (true, true) => ops::linear_residual(x.clone(), w.clone(), bias.then(|| bv.clone()), res.clone()),
+                    (false, _) => {
+                        let mut y = x.clone().matmul(w.clone().unsqueeze());
+                        if bias {
+                            y = y + bv.clone().unsqueeze();
+                        }
+                        if residual { y + res.clone() } else { y }
+                    }
+                };
+                let grads = weighted(y.clone(), s + 4, device).backward();
+                let mut out = vec![("y", values(y)), ("dx", grad(&x, &grads)), ("dw", grad(&w, &grads))];
+                if bias {
+                    out.push(("dbias", grad(&bv, &grads)));
+                }
+                if residual {
+                    out.push(("dresidual", grad(&res, &grads)));
+                }
+                out
+            }
+        }
+    }
+
+    fn depth(&self) -> f64 {
+        self.k.max(self.n).max(self.batch * self.m) as f64
+    }
+
+    fn footprint(&self) -> usize {
+        self.batch * (self.m * self.k + self.m * self.n) + self.k * self.n * self.batch
+    }
+}

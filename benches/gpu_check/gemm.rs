@@ -1,0 +1,178 @@
+//! Dense products on the H100: parity cases, the stream-ordering check, and the table of issue 5
+//! (Burn's matmul as users get it, each cubek strategy, kiln's cuBLASLt path; torch runs in
+//! `peers.py` in the same call).
+
+use std::time::Instant;
+
+use burn::backend::cuda::CudaDevice;
+use burn::tensor::{DType, Distribution, Tensor, backend::Backend};
+use cubecl::cuda::CudaRuntime;
+use kiln::ops;
+
+use super::common::checks::{GemmCase, GemmKind};
+use super::B;
+
+/// The shapes of Llama linear layers: `M` tokens × (K, N).
+pub const MS: [usize; 6] = [1, 16, 512, 2048, 8192, 16384];
+pub const KNS: [(usize, usize); 4] = [(4096, 4096), (4096, 11008), (11008, 4096), (4096, 128256)];
+
+/// Parity cases for the GPU: ragged and decode-sized shapes, transposed views, epilogues.
+pub fn parity_cases() -> Vec<GemmCase> {
+    let mm = |tl, tr, shared| GemmKind::Matmul { transpose_lhs: tl, transpose_rhs: tr, shared_rhs: shared };
+    let case = |batch, m, k, n, kind, seed| GemmCase { batch, m, k, n, kind, seed };
+    vec![
+        case(1, 1, 4096, 512, GemmKind::Linear { bias: false, residual: false }, 1),
+        case(2, 150, 1000, 700, GemmKind::Linear { bias: true, residual: true }, 2),
+        case(1, 257, 333, 129, mm(false, false, false), 3),
+        case(3, 65, 200, 90, mm(true, false, false), 4),
+        case(2, 77, 128, 301, mm(false, true, true), 5),
+        case(1, 33, 64, 17, mm(true, true, false), 6),
+        case(4, 1, 512, 96, GemmKind::Linear { bias: true, residual: false }, 7),
+    ]
+}
+
+fn cube_rand(shape: [usize; 2], dtype: DType, device: &CudaDevice) -> Tensor<B, 2> {
+    Tensor::<B, 2>::random(shape, Distribution::Normal(0.0, 1.0), device).cast(dtype)
+}
+
+/// A product whose left operand is still being written by a slow CubeCL kernel when kiln's
+/// cuBLASLt call is enqueued, and whose output is read by the next CubeCL kernel at once. Without
+/// stream ordering the product reads unfinished input and the consumer reads unfinished output.
+/// Returns whether the result matched Burn's own chain in every trial.
+pub fn ordering_check(device: &CudaDevice) -> bool {
+    let order = ops::matmul::cublaslt_stream_order(device.index);
+    println!("gemm ordering check: cuBLASLt stream order {order:?}");
+    let slow = cube_rand([8192, 8192], DType::BF16, device);
+    let w = cube_rand([4096, 1024], DType::BF16, device);
+    let mut ok = true;
+    for trial in 0..4 {
+        super::common::poison::<B>(device, 1 << 26, DType::BF16);
+        // ~1 TFLOP of Burn matmul (milliseconds) produces the left operand.
+        let x = (slow.clone().matmul(slow.clone()) * 1e-3).slice([0..2048, 0..4096]);
+        let kiln = ops::matmul(x.clone(), w.clone()) * 2.0 + 1.0;
+        let burn = x.matmul(w.clone()) * 2.0 + 1.0;
+        let (k, b) = (super::common::values(kiln), super::common::values(burn));
+        let scale = b.iter().fold(0f64, |m, v| m.max(v.abs()));
+        let err = k.iter().zip(&b).fold(0f64, |m, (x, y)| m.max((x - y).abs()));
+        let pass = err <= 0.02 * scale && k.iter().all(|v| v.is_finite());
+        println!("gemm ordering trial {trial}: max |kiln - burn| {err:.3e} (scale {scale:.3e}) {}", if pass { "ok" } else { "FAIL" });
+        ok &= pass;
+    }
+    ok
+}
+
+/// Seconds per call with as many calls per sample as fit ~0.1 s (the big products take tens of
+/// milliseconds, the small ones microseconds); median of three samples after a warm-up.
+fn time_adaptive<T>(device: &CudaDevice, mut f: impl FnMut() -> T) -> f64 {
+    let warm: Vec<T> = (0..2).map(|_| f()).collect();
+    B::sync(device).unwrap();
+    drop(warm);
+    let start = Instant::now();
+    let one = f();
+    B::sync(device).unwrap();
+    drop(one);
+    let iters = (0.1 / start.elapsed().as_secs_f64()).clamp(3.0, 500.0) as usize;
+    super::time_few(device, iters, f)
+}
+
+fn tflops(m: usize, k: usize, n: usize, seconds: f64) -> f64 {
+    2.0 * (m * k * n) as f64 / seconds / 1e12
+}
+
+/// Burn's `matmul` (fusion + autotune, as `Cuda` users get it) next to kiln's, per shape.
+pub fn bench(device: &CudaDevice, dtype: DType, quick: bool) {
+    let order = ops::matmul::cublaslt_stream_order(device.index);
+    println!("bench gemm {dtype:?}: kiln path cuBLASLt, stream order {order:?} (TF32 for f32 unless KILN_GEMM_TF32=0)");
+    let kns: &[(usize, usize)] = if quick { &KNS[..1] } else { &KNS };
+    for &(k, n) in kns {
+        let w = cube_rand([k, n], dtype, device);
+        for m in MS {
+            let x = cube_rand([m, k], dtype, device);
+            let start = Instant::now();
+            let burn = time_adaptive(device, || x.clone().matmul(w.clone()));
+            let kiln = time_adaptive(device, || ops::matmul(x.clone(), w.clone()));
+            println!(
+                "bench gemm {dtype:?} m{m:<6} k{k:<6} n{n:<7} burn {:9.4} ms {:6.1} TF/s  kiln {:9.4} ms {:6.1} TF/s  kiln/burn {:5.2}x ({:.1} s)",
+                burn * 1e3,
+                tflops(m, k, n, burn),
+                kiln * 1e3,
+                tflops(m, k, n, kiln),
+                burn / kiln,
+                start.elapsed().as_secs_f64()
+            );
+        }
+    }
+}
+
+/// The cost of each stream-ordering strategy: kiln's product at M = 1 and M = 8192 (4096²), to be
+/// run once per `KILN_GEMM_ORDER` setting.
+pub fn bench_order(device: &CudaDevice) {
+    let order = ops::matmul::cublaslt_stream_order(device.index);
+    let w = cube_rand([4096, 4096], DType::BF16, device);
+    for m in [1, 8192] {
+        let x = cube_rand([m, 4096], DType::BF16, device);
+        let t = time_adaptive(device, || ops::matmul(x.clone(), w.clone()));
+        println!("bench gemm order {order:?} m{m} k4096 n4096 bf16: {:.2} us {:.1} TF/s", t * 1e6, tflops(m, 4096, 4096, t));
+    }
+}
+
+/// Every cubek strategy burn-cubecl's autotune may pick (and the async/TMA ones it does not), run
+/// directly on `CubeBackend` tensors, at a few bf16 shapes.
+pub fn bench_strategies(device: &CudaDevice) {
+    use burn_cubecl::{CubeBackend, kernel::matmul::init_matmul_output, tensor::CubeTensor};
+    use cubek::matmul::{
+        components::tile::TileMatmulKind as K,
+        definition::{MatmulElems, MatmulGlobalElems},
+        launch::{Strategy as S, launch_ref},
+        routines::{
+            BlueprintStrategy as Bp, TileSizeSelection, double_buffering::DoubleBufferingArgs,
+            double_unit::DoubleUnitSelectionArgs, ordered_double_buffering::OrderedSelectionArgs, simple::SimpleArgs,
+        },
+    };
+    use cubek::std::InputBinding;
+    type Cube = CubeBackend<CudaRuntime, f32, i32, u8>;
+    // The strategy's own default arguments (each variant has its own argument type).
+    macro_rules! d {
+        () => {
+            Bp::Inferred(Default::default())
+        };
+    }
+    let strategies: Vec<(&str, S)> = vec![
+        ("SimpleCyclicCmma", S::SimpleCyclicCmma(d!())),
+        ("SimpleCyclicMma multi_rows", S::SimpleCyclicMma(Bp::Inferred(SimpleArgs { tile_matmul: K::Mma, multi_rows: true }))),
+        ("DoubleCyclicMma specialized", S::DoubleCyclicMma(Bp::Inferred(DoubleBufferingArgs { tile_matmul: K::Mma, specialized: true }))),
+        ("DoubleCyclicCmma", S::DoubleCyclicCmma(d!())),
+        (
+            "OrderedDoubleMma",
+            S::OrderedDoubleMma(Bp::Inferred(OrderedSelectionArgs { tile_matmul: K::Mma, partition_k: Some(2), row_count: Some(8), rows_per_plane: Some(2) })),
+        ),
+        ("SpecializedCyclicMma", S::SpecializedCyclicMma(d!())),
+        ("SimpleTmaMma", S::SimpleTmaMma(d!())),
+        ("SpecializedTmaMma", S::SpecializedTmaMma(d!())),
+        ("DoubleTmaMma", S::DoubleTmaMma(d!())),
+        ("DoubleAsyncCyclicMma", S::DoubleAsyncCyclicMma(d!())),
+        ("DoubleUnit", S::DoubleUnit(Bp::Inferred(DoubleUnitSelectionArgs { tile_size: TileSizeSelection::MaxTileSize }))),
+        ("GemvPlaneParallel", S::GemvPlaneParallel(d!())),
+    ];
+    let prim = |shape: [usize; 2]| -> CubeTensor<CudaRuntime> {
+        Tensor::<Cube, 2>::random(shape, Distribution::Normal(0.0, 1.0), device).cast(DType::BF16).into_primitive().tensor()
+    };
+    for (m, k, n) in [(16, 4096, 4096), (2048, 4096, 11008), (8192, 4096, 4096), (8192, 11008, 4096)] {
+        let (x, w) = (prim([m, k]), prim([k, n]));
+        let out = init_matmul_output(&x, &w, DType::BF16);
+        for (name, strategy) in &strategies {
+            let st = DType::BF16.into();
+            let run = || {
+                let mut elems = MatmulElems::from_globals(&MatmulGlobalElems { lhs: st, rhs: st, out: st });
+                launch_ref(strategy, &out.client, InputBinding::new(x.clone().binding(), st), InputBinding::new(w.clone().binding(), st), out.clone().binding(), &mut elems)
+            };
+            let start = Instant::now();
+            if let Err(e) = run() {
+                println!("bench gemm strategy {name:<28} m{m} k{k} n{n}: unavailable ({})", format!("{e:?}").chars().take(100).collect::<String>());
+                continue;
+            }
+            let t = time_adaptive(device, || run().is_ok());
+            println!("bench gemm strategy {name:<28} m{m} k{k} n{n} bf16: {:9.4} ms {:6.1} TF/s ({:.1} s)", t * 1e3, tflops(m, k, n, t), start.elapsed().as_secs_f64());
+        }
+    }
+}

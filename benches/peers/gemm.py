@@ -1,0 +1,50 @@
+"""torch.matmul at the shapes of kiln's GEMM table (benches/gpu_check/gemm.rs), timed the way the
+Rust side times: back-to-back calls, wall clock between device syncs, as many calls per sample as
+fit ~0.1 s, median of three samples. f32 runs with TF32 allowed (what kiln and Burn do for f32).
+Usage: python3 gemm.py [bf16|f32|all]. Prints lines starting with `peer gemm`."""
+import sys
+import time
+
+import torch
+
+MS = [1, 16, 512, 2048, 8192, 16384]
+KNS = [(4096, 4096), (4096, 11008), (11008, 4096), (4096, 128256)]
+DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
+
+
+def seconds(fn):
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    iters = int(min(500, max(3, 0.1 / (time.perf_counter() - start))))
+    samples = []
+    for _ in range(3):
+        start = time.perf_counter()
+        results = [fn() for _ in range(iters)]
+        torch.cuda.synchronize()
+        samples.append((time.perf_counter() - start) / iters)
+        del results
+    return sorted(samples)[1]
+
+
+def main(which):
+    torch.backends.cuda.matmul.allow_tf32 = True
+    for name, dtype in DTYPES.items():
+        if which not in ("all", name):
+            continue
+        for k, n in KNS:
+            w = torch.randn(k, n, device="cuda", dtype=dtype)
+            for m in MS:
+                x = torch.randn(m, k, device="cuda", dtype=dtype)
+                t = seconds(lambda: x @ w)
+                print(f"peer gemm torch {name} m{m:<6} k{k:<6} n{n:<7} {t * 1e3:9.4f} ms {2 * m * k * n / t / 1e12:6.1f} TF/s", flush=True)
+                del x
+            del w
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "all")

@@ -1,0 +1,54 @@
+use burn::config::Config;
+use burn::module::{Initializer, Module, Param};
+use burn::tensor::{Tensor, backend::Backend};
+
+use crate::ops::matmul::{MatmulBackend, linear, linear_residual};
+
+/// Configuration of [`Linear`]; the same fields and defaults as `burn::nn::LinearConfig`.
+#[derive(Config, Debug)]
+pub struct LinearConfig {
+    pub d_input: usize,
+    pub d_output: usize,
+    #[config(default = true)]
+    pub bias: bool,
+    #[config(default = "Initializer::KaimingUniform{gain: 1.0 / 3f64.sqrt(), fan_out_only:false}")]
+    pub initializer: Initializer,
+}
+
+impl LinearConfig {
+    pub fn init<B: Backend>(&self, device: &B::Device) -> Linear<B> {
+        let (i, o) = (self.d_input, self.d_output);
+        Linear {
+            weight: self.initializer.init_with([i, o], Some(i), Some(o), device),
+            bias: self.bias.then(|| self.initializer.init_with([o], Some(i), Some(o), device)),
+        }
+    }
+}
+
+/// A drop-in for `burn::nn::Linear` (same parameters, same record, weight `[d_input, d_output]`)
+/// whose products run through [`crate::ops::matmul`]: cuBLASLt on CUDA, the bias (and, with
+/// [`Linear::forward_residual`], a residual) added in the product's epilogue.
+#[derive(Module, Debug)]
+pub struct Linear<B: Backend> {
+    pub weight: Param<Tensor<B, 2>>,
+    pub bias: Option<Param<Tensor<B, 1>>>,
+}
+
+impl<B: MatmulBackend> Linear<B> {
+    /// `x · W + b` over the last axis.
+    pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        linear(x, self.weight.val(), self.bias.as_ref().map(|b| b.val()))
+    }
+
+    /// `x · W + b + residual`, the residual added in the same kernel.
+    pub fn forward_residual<const D: usize>(&self, x: Tensor<B, D>, residual: Tensor<B, D>) -> Tensor<B, D> {
+        linear_residual(x, self.weight.val(), self.bias.as_ref().map(|b| b.val()), residual)
+    }
+}
+
+impl<B: Backend> From<burn::nn::Linear<B>> for Linear<B> {
+    /// Take over a Burn `Linear` (its parameters, ids included, so optimizer state carries over).
+    fn from(l: burn::nn::Linear<B>) -> Self {
+        Self { weight: l.weight, bias: l.bias }
+    }
+}

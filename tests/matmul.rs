@@ -1,0 +1,70 @@
+//! Dense products (`matmul`, `linear`, `linear_residual`) vs Burn's own ops and the f64 oracle:
+//! forward and every gradient, ragged shapes, transposed views, a shared right operand.
+
+mod common;
+
+use burn::backend::{Autodiff, NdArray};
+use burn::tensor::{DType, Tensor};
+use common::checks::{GemmCase, GemmKind, assert_cases};
+
+fn mm(transpose_lhs: bool, transpose_rhs: bool, shared_rhs: bool) -> GemmKind {
+    GemmKind::Matmul { transpose_lhs, transpose_rhs, shared_rhs }
+}
+
+fn cases() -> Vec<GemmCase> {
+    let case = |batch, m, k, n, kind, seed| GemmCase { batch, m, k, n, kind, seed };
+    vec![
+        case(1, 1, 1, 1, mm(false, false, false), 0),
+        case(1, 7, 13, 5, mm(false, false, false), 1),
+        case(3, 33, 65, 17, mm(false, false, false), 2),
+        case(2, 130, 257, 96, mm(false, false, true), 3),
+        case(2, 19, 40, 23, mm(true, false, false), 4),
+        case(2, 21, 36, 29, mm(false, true, false), 5),
+        case(1, 64, 48, 80, mm(true, true, true), 6),
+        case(2, 19, 45, 70, GemmKind::Linear { bias: true, residual: false }, 7),
+        case(3, 11, 67, 33, GemmKind::Linear { bias: true, residual: true }, 8),
+        case(2, 9, 31, 50, GemmKind::Linear { bias: false, residual: true }, 9),
+        case(1, 1, 64, 200, GemmKind::Linear { bias: false, residual: false }, 10),
+    ]
+}
+
+#[test]
+fn gemm_matches_reference_on_wgpu() {
+    let Some(device) = common::wgpu_device() else { return };
+    assert_cases::<Autodiff<burn::backend::Wgpu>, _>(&cases(), &device, &[DType::F32, DType::F16]);
+}
+
+#[test]
+fn gemm_runs_through_autodiff_ndarray() {
+    assert_cases::<Autodiff<NdArray>, _>(&cases(), &Default::default(), &[DType::F32]);
+}
+
+#[test]
+fn matmul_rejects_mismatched_inner_dims() {
+    let device = Default::default();
+    let a = Tensor::<NdArray, 2>::ones([2, 8], &device);
+    let b = Tensor::<NdArray, 2>::ones([9, 3], &device);
+    let msg = common::panic_message(|| kiln::ops::matmul(a, b));
+    assert!(msg.contains("kiln::matmul") && msg.contains("[2, 8]") && msg.contains("[9, 3]"), "{msg}");
+}
+
+#[test]
+fn linear_rejects_bad_bias_and_residual() {
+    let device = Default::default();
+    let x = Tensor::<NdArray, 3>::ones([2, 3, 8], &device);
+    let w = Tensor::<NdArray, 2>::ones([8, 4], &device);
+    let msg = common::panic_message(|| kiln::ops::linear(x.clone(), w.clone(), Some(Tensor::ones([5], &device))));
+    assert!(msg.contains("kiln::linear") && msg.contains("[5]"), "{msg}");
+    let msg = common::panic_message(|| kiln::ops::linear_residual(x, w, None, Tensor::ones([2, 3, 5], &device)));
+    assert!(msg.contains("kiln::linear_residual") && msg.contains("[2, 3, 5]"), "{msg}");
+}
+
+#[test]
+fn linear_module_matches_burn_linear() {
+    let device = Default::default();
+    let burn_linear = burn::nn::LinearConfig::new(12, 7).init::<NdArray>(&device);
+    let x = Tensor::<NdArray, 3>::random([2, 5, 12], burn::tensor::Distribution::Normal(0.0, 1.0), &device);
+    let expected = burn_linear.forward(x.clone());
+    let kiln_linear: kiln::nn::Linear<NdArray> = burn_linear.into();
+    kiln_linear.forward(x).into_data().assert_approx_eq::<f32>(&expected.into_data(), burn::tensor::Tolerance::default());
+}
