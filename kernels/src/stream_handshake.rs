@@ -8,9 +8,9 @@
 //! 1. CubeCL's stream runs [`handshake_kernel`], which stores the nonce into the slot's *ready*
 //!    word (everything enqueued before it on CubeCL's stream has finished, so the foreign stream
 //!    may read those results) and spins until the slot's *done* word holds the nonce.
-//! 2. The foreign stream waits until *ready* holds the nonce (`cuStreamWaitValue32`), runs its
-//!    work, then writes the nonce into *done* (`cuStreamWriteValue32`, which fences the work's
-//!    writes first).
+//! 2. The foreign stream runs a one-thread kernel that spins until *ready* holds the nonce, then
+//!    its work, then a one-thread kernel that writes the nonce into *done* (its own kernels: those
+//!    live with the foreign stream's owner, which compiles them for its API).
 //!
 //! Everything CubeCL enqueues later runs after the kernel returns, hence after the foreign work.
 //! Stale words can never match: they hold older nonces of the same buffer. The host side must

@@ -7,9 +7,9 @@
 //! Ordering against CubeCL: CubeCL 0.10 keeps its `CUstream` private, so kiln owns one stream
 //! per device for cuBLASLt and orders it against CubeCL's stream with one of two strategies
 //! ([`StreamOrder`]), measured side by side in the GPU check:
-//! - [`StreamOrder::DeviceHandshake`] (default where the driver supports stream memory
-//!   operations): the device-memory handshake of `kiln_kernels::stream_handshake`; nothing waits
-//!   on the host (except, as back-pressure, when [`SLOTS`] handshakes are still pending).
+//! - [`StreamOrder::DeviceHandshake`] (default): the device-memory handshake of
+//!   `kiln_kernels::stream_handshake`; nothing waits on the host (except, as back-pressure, when
+//!   [`SLOTS`] handshakes are still pending).
 //! - [`StreamOrder::HostSync`]: wait on the host for CubeCL's stream to drain, run the GEMM,
 //!   wait for it. Always correct, costs two host round trips per product.
 
@@ -42,18 +42,69 @@ pub enum StreamOrder {
 }
 
 /// The strategy in use: `KILN_GEMM_ORDER=sync` forces [`StreamOrder::HostSync`]; otherwise the
-/// handshake wherever the device supports `cuStreamWaitValue32`.
-fn stream_order(device: dsys::CUdevice) -> StreamOrder {
-    let forced = std::env::var("KILN_GEMM_ORDER").unwrap_or_default();
-    if forced == "unordered" {
-        return StreamOrder::Unordered;
+/// handshake wherever its two helper kernels compiled.
+fn stream_order(kernels: &Option<SyncKernels>) -> StreamOrder {
+    match std::env::var("KILN_GEMM_ORDER").unwrap_or_default().as_str() {
+        "unordered" => StreamOrder::Unordered,
+        "sync" => StreamOrder::HostSync,
+        _ if kernels.is_some() => StreamOrder::DeviceHandshake,
+        _ => StreamOrder::HostSync,
     }
-    let forced_sync = forced == "sync";
-    // SAFETY: `device` is a valid device handle from `cuDeviceGet`.
-    let mem_ops = unsafe {
-        drv::device::get_attribute(device, dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1)
-    };
-    if !forced_sync && mem_ops.is_ok_and(|v| v != 0) { StreamOrder::DeviceHandshake } else { StreamOrder::HostSync }
+}
+
+/// kiln's half of the handshake: two one-thread kernels on kiln's stream. (The driver's
+/// `cuStreamWaitValue32`/`cuStreamWriteValue32` would do without kernels, but on the H100 with
+/// driver 580 they answered `CUDA_ERROR_INVALID_VALUE` for the flag buffer CubeCL allocates, from
+/// its stream-ordered pool, while accepting `cuMemAlloc` memory; CubeCL kernels can only bind
+/// CubeCL's memory.)
+const SYNC_KERNELS: &str = r#"
+extern "C" __global__ void kiln_wait_ready(unsigned int* flag, unsigned int nonce) {
+    while (atomicAdd(flag, 0u) != nonce) {}
+}
+extern "C" __global__ void kiln_signal_done(unsigned int* flag, unsigned int nonce) {
+    __threadfence();
+    atomicExch(flag, nonce);
+}
+"#;
+
+/// [`SYNC_KERNELS`], compiled with NVRTC and loaded once per device.
+struct SyncKernels {
+    wait_ready: dsys::CUfunction,
+    signal_done: dsys::CUfunction,
+}
+
+impl SyncKernels {
+    fn new() -> Result<Self, String> {
+        let ptx = cudarc::nvrtc::compile_ptx(SYNC_KERNELS).map_err(|e| format!("{e:?}"))?;
+        let image = std::ffi::CString::new(ptx.to_src()).map_err(|e| format!("{e:?}"))?;
+        // SAFETY: a NUL-terminated PTX image; the module stays loaded for the process.
+        unsafe {
+            let module = drv::module::load_data(image.as_ptr() as *const c_void).map_err(|e| format!("{e:?}"))?;
+            let function = |name: &str| {
+                drv::module::get_function(module, std::ffi::CString::new(name).expect("no NUL")).map_err(|e| format!("{e:?}"))
+            };
+            Ok(Self { wait_ready: function("kiln_wait_ready")?, signal_done: function("kiln_signal_done")? })
+        }
+    }
+
+    /// Run both kernels once with nothing else in flight. CUDA loads kernels lazily, and loading
+    /// one may synchronize the whole context: were that to happen inside a handshake, while the
+    /// CubeCL half spins, the host would wait on a kernel that waits on the host.
+    fn warm_up(self, stream: dsys::CUstream, scratch: dsys::CUdeviceptr) -> Result<Self, String> {
+        Self::launch(self.signal_done, stream, scratch, 1)?;
+        Self::launch(self.wait_ready, stream, scratch, 1)?;
+        // SAFETY: kiln's live stream.
+        unsafe { drv::stream::synchronize(stream) }.map_err(|e| format!("{e:?}"))?;
+        Ok(self)
+    }
+
+    /// Launch `f(flag, nonce)` on one thread of `stream`.
+    fn launch(f: dsys::CUfunction, stream: dsys::CUstream, flag: u64, nonce: u32) -> Result<(), String> {
+        let (mut flag, mut nonce) = (flag, nonce);
+        let mut params = [&mut flag as *mut u64 as *mut c_void, &mut nonce as *mut u32 as *mut c_void];
+        // SAFETY: `f` takes (unsigned int*, unsigned int); the parameters outlive the call.
+        unsafe { drv::launch_kernel(f, (1, 1, 1), (1, 1, 1), 0, stream, &mut params) }.map_err(|e| format!("{e:?}"))
+    }
 }
 
 /// One matrix operand as cuBLASLt sees it: a column-major view of row-major storage.
@@ -129,6 +180,7 @@ pub(crate) struct Engine {
     plans: HashMap<PlanKey, Plan>,
     /// The handshake's flag slots, created on first use and kept for the process's lifetime.
     ring: Option<Ring>,
+    kernels: Option<SyncKernels>,
 }
 
 /// Handshake slots in flight at once before the host waits for the oldest.
@@ -147,10 +199,43 @@ struct Ring {
 }
 
 impl Ring {
-    fn new(client: &ComputeClient<CudaRuntime>) -> Result<Self, String> {
-        let handle = client.create_from_slice(&vec![0u8; SLOTS * SLOT_WORDS * size_of::<u32>()]);
+    /// The ring, after one handshake of each half has been seen to work on this device: slot 0
+    /// runs the CubeCL half alone (its *done* word preset), slot 1 a full round with kiln's
+    /// kernels. A failure (an error CubeCL recorded for the launch, a flag not written, a round
+    /// not done within seconds) is an `Err`, and products then use host synchronization.
+    fn new(client: &ComputeClient<CudaRuntime>, kernels: &SyncKernels, stream: dsys::CUstream) -> Result<Self, String> {
+        const PROBE: u32 = u32::MAX;
+        let mut words = vec![0u32; SLOTS * SLOT_WORDS];
+        words[DONE] = PROBE;
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let handle = client.create_from_slice(&bytes);
         let base = client.get_resource(handle.clone()).map_err(|e| format!("{e:?}"))?.resource().ptr;
-        Ok(Self { handle, base, nonce: 0, pending: vec![None; SLOTS] })
+        let ring = Self { handle, base, nonce: 1, pending: vec![None; SLOTS] };
+        // SAFETY (both launches): the buffer holds SLOTS × SLOT_WORDS u32 words.
+        launch_handshake(client, unsafe { ArrayArg::from_raw_parts(ring.handle.clone(), SLOTS * SLOT_WORDS) }, 0, PROBE);
+        client.flush().map_err(|e| format!("CubeCL half: {e:?}"))?;
+        let read = client.read_one(ring.handle.clone()).map_err(|e| format!("{e:?}"))?;
+        if read[..4] != PROBE.to_le_bytes() {
+            return Err("the CubeCL half did not signal ready".into());
+        }
+        launch_handshake(client, unsafe { ArrayArg::from_raw_parts(ring.handle.clone(), SLOTS * SLOT_WORDS) }, 1, 1);
+        SyncKernels::launch(kernels.wait_ready, stream, ring.word(1, READY), 1)?;
+        SyncKernels::launch(kernels.signal_done, stream, ring.word(1, DONE), 1)?;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        // SAFETY (all calls): kiln's live stream; the ring's words are live device memory.
+        while unsafe { dsys::cuStreamQuery(stream) } == dsys::CUresult::CUDA_ERROR_NOT_READY {
+            if std::time::Instant::now() > deadline {
+                // Release both spinning kernels before giving up on the handshake.
+                unsafe {
+                    let _ = drv::memcpy_htod_sync(ring.word(1, READY), &[1u32]);
+                    let _ = drv::memcpy_htod_sync(ring.word(1, DONE), &[1u32]);
+                }
+                return Err("a full handshake round did not finish within 5 s".into());
+            }
+            std::thread::yield_now();
+        }
+        cubecl::future::block_on(client.sync()).map_err(|e| format!("{e:?}"))?;
+        Ok(ring)
     }
 
     /// The next `(slot, nonce)`, after the slot's previous handshake has completed.
@@ -223,7 +308,22 @@ impl Engine {
         let stream = drv::stream::create(drv::stream::StreamKind::NonBlocking).map_err(|e| err(&e))?;
         let workspace = unsafe { drv::malloc_sync(workspace_size) }.map_err(|e| err(&e))?;
         let handle = lt::create_handle().map_err(|e| err(&e))?;
-        Ok(Self { context, handle, stream, workspace, workspace_size, order: stream_order(device), plans: HashMap::new(), ring: None })
+        let kernels = SyncKernels::new().and_then(|k| k.warm_up(stream, workspace)).ok();
+        let order = stream_order(&kernels);
+        Ok(Self { context, handle, stream, workspace, workspace_size, order, plans: HashMap::new(), ring: None, kernels })
+    }
+
+    /// Create the handshake's ring on first use; if the handshake fails its self-test here, say
+    /// so once and use host synchronization from now on.
+    fn set_up_handshake(&mut self, client: &ComputeClient<CudaRuntime>) {
+        let Some(kernels) = &self.kernels else { return };
+        match Ring::new(client, kernels, self.stream) {
+            Ok(ring) => self.ring = Some(ring),
+            Err(e) => {
+                eprintln!("kiln::matmul: the cuBLASLt stream handshake failed its self-test ({e}); using host synchronization");
+                self.order = StreamOrder::HostSync;
+            }
+        }
     }
 
     fn plan(&mut self, key: PlanKey) -> Result<PlanParts, String> {
@@ -393,7 +493,14 @@ fn run<R: CubeRuntime>(engine: &mut Engine, client: &ComputeClient<CudaRuntime>,
         residual: a.residual.is_some(),
         alignment: alignment(&pointers, a.out.dtype.size(), &[lhs, rhs, out]),
     };
-    let (handle, stream, workspace, order) = (engine.handle, engine.stream, engine.workspace, engine.order);
+    let (handle, stream, workspace) = (engine.handle, engine.stream, engine.workspace);
+    // A plan's first product runs under host sync: it loads cuBLASLt's kernel, which (see
+    // `SyncKernels::warm_up`) must not happen inside a handshake.
+    let first_use = !engine.plans.contains_key(&key);
+    if engine.order == StreamOrder::DeviceHandshake && engine.ring.is_none() {
+        engine.set_up_handshake(client);
+    }
+    let order = if first_use && engine.order == StreamOrder::DeviceHandshake { StreamOrder::HostSync } else { engine.order };
     let Ok(plan) = engine.plan(key) else { return Ok(false) };
     if let Some(bias) = p_bias {
         // SAFETY: live descriptor; the plan is used under the engine's lock only.
@@ -434,26 +541,17 @@ fn run<R: CubeRuntime>(engine: &mut Engine, client: &ComputeClient<CudaRuntime>,
             result
         }
         StreamOrder::DeviceHandshake => {
-            if engine.ring.is_none() {
-                engine.ring = Some(Ring::new(client)?);
-            }
-            let ring = engine.ring.as_mut().expect("created above");
+            let kernels = engine.kernels.as_ref().expect("the handshake is only chosen with its kernels");
+            let ring = engine.ring.as_mut().expect("set up on the plan's first (host-synchronized) use");
             let (slot, nonce) = ring.next()?;
             // SAFETY: the ring's buffer holds SLOTS × SLOT_WORDS u32 words.
             let flags = unsafe { ArrayArg::from_raw_parts(ring.handle.clone(), SLOTS * SLOT_WORDS) };
             launch_handshake(client, flags, slot as u32, nonce);
-            let wait = dsys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as u32;
-            // SAFETY: kiln's live stream; the ring's words live for the process.
-            unsafe { dsys::cuStreamWaitValue32_v2(stream, ring.word(slot, READY), nonce, wait) }
-                .result()
-                .map_err(|e| format!("cuStreamWaitValue32: {e:?}"))?;
+            SyncKernels::launch(kernels.wait_ready, stream, ring.word(slot, READY), nonce)?;
             let result = launch();
-            // The DONE write is enqueued even when the launch failed: the CubeCL stream must never
-            // be left spinning.
-            let write = dsys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
-            unsafe { dsys::cuStreamWriteValue32_v2(stream, ring.word(slot, DONE), nonce, write) }
-                .result()
-                .map_err(|e| format!("cuStreamWriteValue32: {e:?}"))?;
+            // DONE is signalled even when the product failed: the CubeCL stream must never be left
+            // spinning.
+            SyncKernels::launch(kernels.signal_done, stream, ring.word(slot, DONE), nonce)?;
             ring.record(slot, stream)?;
             result
         }
