@@ -8,7 +8,6 @@ pub mod flash_attention;
 pub mod rms_norm;
 pub mod rms_norm_rope;
 pub mod rope;
-pub mod stream_handshake;
 pub mod row;
 pub mod swiglu;
 

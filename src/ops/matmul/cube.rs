@@ -1,5 +1,6 @@
-//! Dense products on CubeCL backends: cuBLASLt on CUDA where it can serve the product, Burn's
-//! autotuned matmul otherwise (wgpu, f64, cuBLASLt missing, `KILN_GEMM=burn`).
+//! Dense products on CubeCL backends: cuBLASLt on CUDA for products large enough to win, Burn's
+//! autotuned matmul otherwise (small products, wgpu, f64, cuBLASLt missing). `KILN_GEMM=burn` or
+//! `KILN_GEMM=cublaslt` forces one path wherever it can run (for measurements).
 
 use burn::tensor::ops::FloatTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
@@ -56,8 +57,19 @@ mod cuda {
         (&t.device as &dyn std::any::Any).downcast_ref::<cubecl::cuda::CudaDevice>().map(|d| d.index)
     }
 
-    fn disabled() -> bool {
-        std::env::var("KILN_GEMM").is_ok_and(|v| v == "burn")
+    /// Products below this many FLOPs (2·m·n·k) run through Burn's matmul. cuBLASLt is ordered
+    /// against CubeCL by two host waits (~0.1-0.2 ms a product); on the H100 (bf16, Llama shapes,
+    /// `benches/RESULTS.md` of 2026-11-23) that made it slower than Burn's kernel at
+    /// m = 512 × 4096 × 4096 (17 GFLOP, 0.82×) and faster from 46 GFLOP up (1.5-3.3×).
+    const CUBLASLT_MIN_FLOPS: f64 = 2e10;
+
+    /// Whether this product goes to cuBLASLt: by size, unless `KILN_GEMM` forces a path.
+    fn wanted(m: usize, n: usize, k: usize) -> bool {
+        match std::env::var("KILN_GEMM").as_deref() {
+            Ok("burn") => false,
+            Ok("cublaslt") => true,
+            _ => 2.0 * (m * n * k) as f64 >= CUBLASLT_MIN_FLOPS,
+        }
     }
 
     pub(super) fn gemm<R: CubeRuntime>(
@@ -70,7 +82,7 @@ mod cuda {
         let index = cuda_index(lhs)?;
         let out_shape: Shape = output_shape(&lhs.shape(), &rhs.shape(), layout)?;
         let k = if layout.transpose_lhs { lhs.shape()[1] } else { lhs.shape()[2] };
-        if disabled() || out_shape.num_elements() == 0 || k == 0 {
+        if out_shape.num_elements() == 0 || k == 0 || !wanted(out_shape[0] * out_shape[1], out_shape[2], k) {
             return None;
         }
         let (lhs, transpose_lhs) = readable(lhs, layout.transpose_lhs);

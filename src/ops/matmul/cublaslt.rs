@@ -4,14 +4,15 @@
 //! driver), so a machine without it still runs: [`Engine::get`] answers `None` and the caller
 //! falls back to Burn's matmul.
 //!
-//! Ordering against CubeCL: CubeCL 0.10 keeps its `CUstream` private, so kiln owns one stream
-//! per device for cuBLASLt and orders it against CubeCL's stream with one of two strategies
-//! ([`StreamOrder`]), measured side by side in the GPU check:
-//! - [`StreamOrder::DeviceHandshake`] (default): the device-memory handshake of
-//!   `kiln_kernels::stream_handshake`; nothing waits on the host (except, as back-pressure, when
-//!   [`SLOTS`] handshakes are still pending).
-//! - [`StreamOrder::HostSync`]: wait on the host for CubeCL's stream to drain, run the GEMM,
-//!   wait for it. Always correct, costs two host round trips per product.
+//! Ordering against CubeCL: CubeCL 0.10 keeps the `CUstream` it launches on private, so kiln
+//! owns one stream per device for cuBLASLt and orders it against CubeCL's with host
+//! synchronization ([`StreamOrder::HostSync`]): wait for CubeCL's stream to drain, run the
+//! product, wait for it. Events need the other stream's handle; the driver's stream memory
+//! operations (`cuStreamWaitValue32`) rejected CubeCL's pool memory on the H100; a device-side
+//! handshake through flag words (a spinning CubeCL kernel on one side, spinning kernels on kiln's
+//! stream on the other) did not complete a round there (git history, `benches/RESULTS.md`). The
+//! two host waits cost ~0.1-0.2 ms per product, which is why `cube.rs` sends small products to
+//! Burn's matmul.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -20,20 +21,16 @@ use std::sync::{Mutex, OnceLock};
 use burn::tensor::DType;
 use burn_cubecl::{CubeRuntime, tensor::CubeTensor};
 use cubecl::cuda::CudaRuntime;
-use cubecl::prelude::{ArrayArg, ComputeClient};
-use cubecl::server::Handle;
+use cubecl::prelude::ComputeClient;
 use cudarc::cublaslt::{result as lt, sys};
 use cudarc::driver::{result as drv, sys as dsys};
-use kiln_kernels::stream_handshake::{DONE, READY, SLOT_WORDS, launch_handshake};
 
 use super::GemmLayout;
 
 /// How the cuBLASLt stream is ordered against CubeCL's stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StreamOrder {
-    /// Device-side wait on flags written by a one-unit CubeCL kernel (no host synchronization).
-    DeviceHandshake,
-    /// Host waits for CubeCL's stream before the GEMM and for the GEMM after it.
+    /// Host waits for CubeCL's stream before the product and for the product after it.
     HostSync,
     /// No ordering at all: wrong results whenever a producer or consumer overlaps the product.
     /// Exists only as the negative control of the GPU check's ordering test
@@ -41,69 +38,10 @@ pub enum StreamOrder {
     Unordered,
 }
 
-/// The strategy in use: `KILN_GEMM_ORDER=sync` forces [`StreamOrder::HostSync`]; otherwise the
-/// handshake wherever its two helper kernels compiled.
-fn stream_order(kernels: &Option<SyncKernels>) -> StreamOrder {
-    match std::env::var("KILN_GEMM_ORDER").unwrap_or_default().as_str() {
-        "unordered" => StreamOrder::Unordered,
-        "sync" => StreamOrder::HostSync,
-        _ if kernels.is_some() => StreamOrder::DeviceHandshake,
+fn stream_order() -> StreamOrder {
+    match std::env::var("KILN_GEMM_ORDER").as_deref() {
+        Ok("unordered") => StreamOrder::Unordered,
         _ => StreamOrder::HostSync,
-    }
-}
-
-/// kiln's half of the handshake: two one-thread kernels on kiln's stream. (The driver's
-/// `cuStreamWaitValue32`/`cuStreamWriteValue32` would do without kernels, but on the H100 with
-/// driver 580 they answered `CUDA_ERROR_INVALID_VALUE` for the flag buffer CubeCL allocates, from
-/// its stream-ordered pool, while accepting `cuMemAlloc` memory; CubeCL kernels can only bind
-/// CubeCL's memory.)
-const SYNC_KERNELS: &str = r#"
-extern "C" __global__ void kiln_wait_ready(unsigned int* flag, unsigned int nonce) {
-    while (atomicAdd(flag, 0u) != nonce) {}
-}
-extern "C" __global__ void kiln_signal_done(unsigned int* flag, unsigned int nonce) {
-    __threadfence();
-    atomicExch(flag, nonce);
-}
-"#;
-
-/// [`SYNC_KERNELS`], compiled with NVRTC and loaded once per device.
-struct SyncKernels {
-    wait_ready: dsys::CUfunction,
-    signal_done: dsys::CUfunction,
-}
-
-impl SyncKernels {
-    fn new() -> Result<Self, String> {
-        let ptx = cudarc::nvrtc::compile_ptx(SYNC_KERNELS).map_err(|e| format!("{e:?}"))?;
-        let image = std::ffi::CString::new(ptx.to_src()).map_err(|e| format!("{e:?}"))?;
-        // SAFETY: a NUL-terminated PTX image; the module stays loaded for the process.
-        unsafe {
-            let module = drv::module::load_data(image.as_ptr() as *const c_void).map_err(|e| format!("{e:?}"))?;
-            let function = |name: &str| {
-                drv::module::get_function(module, std::ffi::CString::new(name).expect("no NUL")).map_err(|e| format!("{e:?}"))
-            };
-            Ok(Self { wait_ready: function("kiln_wait_ready")?, signal_done: function("kiln_signal_done")? })
-        }
-    }
-
-    /// Run both kernels once with nothing else in flight. CUDA loads kernels lazily, and loading
-    /// one may synchronize the whole context: were that to happen inside a handshake, while the
-    /// CubeCL half spins, the host would wait on a kernel that waits on the host.
-    fn warm_up(self, stream: dsys::CUstream, scratch: dsys::CUdeviceptr) -> Result<Self, String> {
-        Self::launch(self.signal_done, stream, scratch, 1)?;
-        Self::launch(self.wait_ready, stream, scratch, 1)?;
-        // SAFETY: kiln's live stream.
-        unsafe { drv::stream::synchronize(stream) }.map_err(|e| format!("{e:?}"))?;
-        Ok(self)
-    }
-
-    /// Launch `f(flag, nonce)` on one thread of `stream`.
-    fn launch(f: dsys::CUfunction, stream: dsys::CUstream, flag: u64, nonce: u32) -> Result<(), String> {
-        let (mut flag, mut nonce) = (flag, nonce);
-        let mut params = [&mut flag as *mut u64 as *mut c_void, &mut nonce as *mut u32 as *mut c_void];
-        // SAFETY: `f` takes (unsigned int*, unsigned int); the parameters outlive the call.
-        unsafe { drv::launch_kernel(f, (1, 1, 1), (1, 1, 1), 0, stream, &mut params) }.map_err(|e| format!("{e:?}"))
     }
 }
 
@@ -178,91 +116,6 @@ pub(crate) struct Engine {
     workspace_size: usize,
     order: StreamOrder,
     plans: HashMap<PlanKey, Plan>,
-    /// The handshake's flag slots, created on first use and kept for the process's lifetime.
-    ring: Option<Ring>,
-    kernels: Option<SyncKernels>,
-}
-
-/// Handshake slots in flight at once before the host waits for the oldest.
-pub const SLOTS: usize = 256;
-
-/// The persistent flag buffer of the device handshake and the bookkeeping that keeps each slot's
-/// handshakes from overlapping.
-struct Ring {
-    /// Keeps CubeCL from ever reusing the buffer for other data.
-    handle: Handle,
-    base: u64,
-    /// The last nonce handed out (never 0, so a fresh zeroed word matches no handshake).
-    nonce: u32,
-    /// Per slot, an event recorded after its last handshake's *done* write.
-    pending: Vec<Option<dsys::CUevent>>,
-}
-
-impl Ring {
-    /// The ring, after one handshake of each half has been seen to work on this device: slot 0
-    /// runs the CubeCL half alone (its *done* word preset), slot 1 a full round with kiln's
-    /// kernels. A failure (an error CubeCL recorded for the launch, a flag not written, a round
-    /// not done within seconds) is an `Err`, and products then use host synchronization.
-    fn new(client: &ComputeClient<CudaRuntime>, kernels: &SyncKernels, stream: dsys::CUstream) -> Result<Self, String> {
-        const PROBE: u32 = u32::MAX;
-        let mut words = vec![0u32; SLOTS * SLOT_WORDS];
-        words[DONE] = PROBE;
-        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-        let handle = client.create_from_slice(&bytes);
-        let base = client.get_resource(handle.clone()).map_err(|e| format!("{e:?}"))?.resource().ptr;
-        let ring = Self { handle, base, nonce: 1, pending: vec![None; SLOTS] };
-        // SAFETY (both launches): the buffer holds SLOTS × SLOT_WORDS u32 words.
-        launch_handshake(client, unsafe { ArrayArg::from_raw_parts(ring.handle.clone(), SLOTS * SLOT_WORDS) }, 0, PROBE);
-        client.flush().map_err(|e| format!("CubeCL half: {e:?}"))?;
-        let read = client.read_one(ring.handle.clone()).map_err(|e| format!("{e:?}"))?;
-        if read[..4] != PROBE.to_le_bytes() {
-            return Err("the CubeCL half did not signal ready".into());
-        }
-        launch_handshake(client, unsafe { ArrayArg::from_raw_parts(ring.handle.clone(), SLOTS * SLOT_WORDS) }, 1, 1);
-        SyncKernels::launch(kernels.wait_ready, stream, ring.word(1, READY), 1)?;
-        SyncKernels::launch(kernels.signal_done, stream, ring.word(1, DONE), 1)?;
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        // SAFETY (all calls): kiln's live stream; the ring's words are live device memory.
-        while unsafe { dsys::cuStreamQuery(stream) } == dsys::CUresult::CUDA_ERROR_NOT_READY {
-            if std::time::Instant::now() > deadline {
-                // Release both spinning kernels before giving up on the handshake.
-                unsafe {
-                    let _ = drv::memcpy_htod_sync(ring.word(1, READY), &[1u32]);
-                    let _ = drv::memcpy_htod_sync(ring.word(1, DONE), &[1u32]);
-                }
-                return Err("a full handshake round did not finish within 5 s".into());
-            }
-            std::thread::yield_now();
-        }
-        cubecl::future::block_on(client.sync()).map_err(|e| format!("{e:?}"))?;
-        Ok(ring)
-    }
-
-    /// The next `(slot, nonce)`, after the slot's previous handshake has completed.
-    fn next(&mut self) -> Result<(usize, u32), String> {
-        self.nonce = self.nonce.wrapping_add(1).max(1);
-        let slot = self.nonce as usize % SLOTS;
-        if let Some(event) = self.pending[slot] {
-            // SAFETY: a live event of this ring; returns at once when it has completed.
-            unsafe { drv::event::synchronize(event) }.map_err(|e| format!("{e:?}"))?;
-        }
-        Ok((slot, self.nonce))
-    }
-
-    fn word(&self, slot: usize, offset: usize) -> u64 {
-        self.base + ((slot * SLOT_WORDS + offset) * size_of::<u32>()) as u64
-    }
-
-    /// Mark `slot` busy until the work enqueued so far on `stream` has completed.
-    fn record(&mut self, slot: usize, stream: dsys::CUstream) -> Result<(), String> {
-        let event = match self.pending[slot] {
-            Some(e) => e,
-            None => drv::event::create(dsys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(|e| format!("{e:?}"))?,
-        };
-        self.pending[slot] = Some(event);
-        // SAFETY: live event and stream.
-        unsafe { drv::event::record(event, stream) }.map_err(|e| format!("{e:?}"))
-    }
 }
 
 // SAFETY: the raw CUDA handles are only used while holding the engine's mutex, with the device's
@@ -308,22 +161,7 @@ impl Engine {
         let stream = drv::stream::create(drv::stream::StreamKind::NonBlocking).map_err(|e| err(&e))?;
         let workspace = unsafe { drv::malloc_sync(workspace_size) }.map_err(|e| err(&e))?;
         let handle = lt::create_handle().map_err(|e| err(&e))?;
-        let kernels = SyncKernels::new().and_then(|k| k.warm_up(stream, workspace)).ok();
-        let order = stream_order(&kernels);
-        Ok(Self { context, handle, stream, workspace, workspace_size, order, plans: HashMap::new(), ring: None, kernels })
-    }
-
-    /// Create the handshake's ring on first use; if the handshake fails its self-test here, say
-    /// so once and use host synchronization from now on.
-    fn set_up_handshake(&mut self, client: &ComputeClient<CudaRuntime>) {
-        let Some(kernels) = &self.kernels else { return };
-        match Ring::new(client, kernels, self.stream) {
-            Ok(ring) => self.ring = Some(ring),
-            Err(e) => {
-                eprintln!("kiln::matmul: the cuBLASLt stream handshake failed its self-test ({e}); using host synchronization");
-                self.order = StreamOrder::HostSync;
-            }
-        }
+        Ok(Self { context, handle, stream, workspace, workspace_size, order: stream_order(), plans: HashMap::new() })
     }
 
     fn plan(&mut self, key: PlanKey) -> Result<PlanParts, String> {
@@ -493,14 +331,7 @@ fn run<R: CubeRuntime>(engine: &mut Engine, client: &ComputeClient<CudaRuntime>,
         residual: a.residual.is_some(),
         alignment: alignment(&pointers, a.out.dtype.size(), &[lhs, rhs, out]),
     };
-    let (handle, stream, workspace) = (engine.handle, engine.stream, engine.workspace);
-    // A plan's first product runs under host sync: it loads cuBLASLt's kernel, which (see
-    // `SyncKernels::warm_up`) must not happen inside a handshake.
-    let first_use = !engine.plans.contains_key(&key);
-    if engine.order == StreamOrder::DeviceHandshake && engine.ring.is_none() {
-        engine.set_up_handshake(client);
-    }
-    let order = if first_use && engine.order == StreamOrder::DeviceHandshake { StreamOrder::HostSync } else { engine.order };
+    let (handle, stream, workspace, order) = (engine.handle, engine.stream, engine.workspace, engine.order);
     let Ok(plan) = engine.plan(key) else { return Ok(false) };
     if let Some(bias) = p_bias {
         // SAFETY: live descriptor; the plan is used under the engine's lock only.
@@ -538,21 +369,6 @@ fn run<R: CubeRuntime>(engine: &mut Engine, client: &ComputeClient<CudaRuntime>,
             let result = launch();
             // SAFETY: kiln's own live stream.
             unsafe { drv::stream::synchronize(stream) }.map_err(|e| format!("{e:?}"))?;
-            result
-        }
-        StreamOrder::DeviceHandshake => {
-            let kernels = engine.kernels.as_ref().expect("the handshake is only chosen with its kernels");
-            let ring = engine.ring.as_mut().expect("set up on the plan's first (host-synchronized) use");
-            let (slot, nonce) = ring.next()?;
-            // SAFETY: the ring's buffer holds SLOTS × SLOT_WORDS u32 words.
-            let flags = unsafe { ArrayArg::from_raw_parts(ring.handle.clone(), SLOTS * SLOT_WORDS) };
-            launch_handshake(client, flags, slot as u32, nonce);
-            SyncKernels::launch(kernels.wait_ready, stream, ring.word(slot, READY), nonce)?;
-            let result = launch();
-            // DONE is signalled even when the product failed: the CubeCL stream must never be left
-            // spinning.
-            SyncKernels::launch(kernels.signal_done, stream, ring.word(slot, DONE), nonce)?;
-            ring.record(slot, stream)?;
             result
         }
     };
