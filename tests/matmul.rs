@@ -28,10 +28,18 @@ fn cases() -> Vec<GemmCase> {
     ]
 }
 
+/// On wgpu the product is Burn's matmul (cuBLASLt is CUDA-only), so these cases check kiln's
+/// plumbing there — fusion custom op, transposed views, the backward's transpose flags, epilogue
+/// adds — on a few shapes; each new shape costs Burn's autotune minutes on lavapipe.
+fn wgpu_cases() -> Vec<GemmCase> {
+    let all = cases();
+    [1, 5, 8].into_iter().map(|i| all[i]).collect()
+}
+
 #[test]
 fn gemm_matches_reference_on_wgpu() {
     let Some(device) = common::wgpu_device() else { return };
-    assert_cases::<Autodiff<burn::backend::Wgpu>, _>(&cases(), &device, &[DType::F32, DType::F16]);
+    assert_cases::<Autodiff<burn::backend::Wgpu>, _>(&wgpu_cases(), &device, &[DType::F32]);
 }
 
 #[test]
