@@ -86,8 +86,9 @@ struct PlanKey {
 #[derive(Clone, Copy)]
 struct PlanParts {
     desc: sys::cublasLtMatmulDesc_t,
-    /// cuBLASLt's A, B, C and D layouts (A = the rhs tensor, B = the lhs tensor: see [`build_plan`]).
-    layouts: [sys::cublasLtMatrixLayout_t; 4],
+    /// cuBLASLt's A and B layouts (A = the rhs tensor, B = the lhs tensor: see [`build_plan`]),
+    /// then the output's, which serves as both C (the residual) and D.
+    layouts: [sys::cublasLtMatrixLayout_t; 3],
     algo: sys::cublasLtMatmulAlgo_t,
     workspace: usize,
 }
@@ -97,12 +98,17 @@ struct Plan(PlanParts);
 
 impl Drop for Plan {
     fn drop(&mut self) {
-        // SAFETY: each descriptor was created for this plan and is destroyed once.
-        unsafe {
-            let _ = lt::destroy_matmul_desc(self.0.desc);
-            for layout in self.0.layouts {
-                let _ = lt::destroy_matrix_layout(layout);
-            }
+        destroy(self.0.desc, &self.0.layouts);
+    }
+}
+
+/// Destroy a plan's descriptors (each created once, destroyed once).
+fn destroy(desc: sys::cublasLtMatmulDesc_t, layouts: &[sys::cublasLtMatrixLayout_t]) {
+    // SAFETY: live descriptors owned by the caller, not used afterwards.
+    unsafe {
+        let _ = lt::destroy_matmul_desc(desc);
+        for &layout in layouts {
+            let _ = lt::destroy_matrix_layout(layout);
         }
     }
 }
@@ -205,11 +211,15 @@ fn layout(dtype: sys::cudaDataType, op: &Operand, batch: usize) -> Result<sys::c
     let count = batch as i32;
     let offset = op.batch_stride as i64;
     // SAFETY: `l` is a live layout; the buffers are plain values of the documented types.
-    unsafe {
-        set(l, sys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count)?;
-        set(l, sys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &offset)?;
+    let attributes = unsafe {
+        set(l, sys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count)
+            .and_then(|()| set(l, sys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &offset))
+    };
+    if attributes.is_err() {
+        // SAFETY: `l` was created above and is not returned.
+        let _ = unsafe { lt::destroy_matrix_layout(l) };
     }
-    Ok(l)
+    attributes.map(|()| l)
 }
 
 unsafe fn set<T>(l: sys::cublasLtMatrixLayout_t, attr: sys::cublasLtMatrixLayoutAttribute_t, v: &T) -> Result<(), String> {
@@ -241,34 +251,47 @@ fn build_plan(handle: sys::cublasLtHandle_t, key: &PlanKey, workspace_size: usiz
     // cublasOperation_t (defined in cuBLAS proper, not cuBLASLt): CUBLAS_OP_N = 0, CUBLAS_OP_T = 1.
     let op = |t: bool| i32::from(t);
     let epilogue = if key.bias { sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS } else { sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT };
-    // SAFETY: live descriptors, attribute values of the documented types.
-    unsafe {
-        // Column-major outᵀ = op(rhs)ᵀ · op(lhs)ᵀ: cuBLASLt's A is the rhs tensor, its B the lhs.
-        set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSA, &op(key.layout.transpose_rhs))?;
-        set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSB, &op(key.layout.transpose_lhs))?;
-        set_desc(desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue)?;
-    }
-    let layouts = [
-        layout(dt, &key.rhs, key.batch)?,
-        layout(dt, &key.lhs, key.batch)?,
-        layout(dt, &key.out, key.batch)?,
-        layout(dt, &key.out, key.batch)?,
-    ];
-    let pref = lt::create_matmul_pref().map_err(|e| format!("{e:?}"))?;
-    let heuristic = unsafe {
-        set_pref(pref, P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &(workspace_size as u64))?;
-        for attr in [
-            P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-            P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-            P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-            P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-        ] {
-            set_pref(pref, attr, &key.alignment)?;
+    let mut layouts = Vec::with_capacity(3);
+    let heuristic = (|| {
+        // SAFETY: live descriptors, attribute values of the documented types.
+        unsafe {
+            // Column-major outᵀ = op(rhs)ᵀ · op(lhs)ᵀ: cuBLASLt's A is the rhs tensor, its B the lhs.
+            set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSA, &op(key.layout.transpose_rhs))?;
+            set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSB, &op(key.layout.transpose_lhs))?;
+            set_desc(desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue)?;
         }
-        let h = lt::get_matmul_algo_heuristic(handle, desc, layouts[0], layouts[1], layouts[2], layouts[3], pref);
-        let _ = lt::destroy_matmul_pref(pref);
-        h.map_err(|e| format!("no cuBLASLt algorithm for {key:?}: {e:?}"))?
+        for operand in [&key.rhs, &key.lhs, &key.out] {
+            layouts.push(layout(dt, operand, key.batch)?);
+        }
+        let pref = lt::create_matmul_pref().map_err(|e| format!("{e:?}"))?;
+        // SAFETY: live preference and descriptors; the preference is destroyed once.
+        unsafe {
+            let mut h = set_pref(pref, P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &(workspace_size as u64));
+            for attr in [
+                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+            ] {
+                h = h.and_then(|()| set_pref(pref, attr, &key.alignment));
+            }
+            let (a, b, out) = (layouts[0], layouts[1], layouts[2]);
+            let h = h.and_then(|()| {
+                lt::get_matmul_algo_heuristic(handle, desc, a, b, out, out, pref)
+                    .map_err(|e| format!("no cuBLASLt algorithm for {key:?}: {e:?}"))
+            });
+            let _ = lt::destroy_matmul_pref(pref);
+            h
+        }
+    })();
+    let heuristic = match heuristic {
+        Ok(h) => h,
+        Err(e) => {
+            destroy(desc, &layouts);
+            return Err(e);
+        }
     };
+    let layouts = [layouts[0], layouts[1], layouts[2]];
     Ok(PlanParts { desc, layouts, algo: heuristic.algo, workspace: heuristic.workspaceSize })
 }
 
@@ -354,7 +377,7 @@ fn run<R: CubeRuntime>(engine: &mut Engine, client: &ComputeClient<CudaRuntime>,
             c as *const c_void,
             plan.layouts[2],
             p_out as *mut c_void,
-            plan.layouts[3],
+            plan.layouts[2],
             &plan.algo,
             workspace as *mut c_void,
             plan.workspace,
