@@ -228,16 +228,23 @@ fn parity_tensor_cores(device: &CudaDevice) -> bool {
     ok
 }
 
+/// Wait for CubeCL's stream and kiln's cuBLASLt stream (which only the unordered negative
+/// control leaves running past CubeCL's).
+fn sync_all(device: &CudaDevice) {
+    B::sync(device).unwrap();
+    ops::matmul::cublaslt_synchronize(device.index);
+}
+
 /// Seconds per call of `f`, `iters` calls per sample, median of three samples after one warm-up.
 fn time_few<T>(device: &CudaDevice, iters: usize, mut f: impl FnMut() -> T) -> f64 {
     let warm = f();
-    B::sync(device).unwrap();
+    sync_all(device);
     drop(warm);
     let mut samples: Vec<f64> = (0..3)
         .map(|_| {
             let start = Instant::now();
             let results: Vec<T> = (0..iters).map(|_| f()).collect();
-            B::sync(device).unwrap();
+            sync_all(device);
             drop(results);
             start.elapsed().as_secs_f64() / iters as f64
         })

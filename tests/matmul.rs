@@ -1,5 +1,6 @@
 //! Dense products (`matmul`, `linear`, `linear_residual`) vs Burn's own ops and the f64 oracle:
-//! forward and every gradient, ragged shapes, transposed views, a shared right operand.
+//! forward and every gradient, ragged shapes, transposed views, a shared right operand; and the
+//! CubeCL half of the cuBLASLt stream handshake (its CUDA half runs in the GPU check).
 
 mod common;
 
@@ -75,4 +76,26 @@ fn linear_module_matches_burn_linear() {
     let expected = burn_linear.forward(x.clone());
     let kiln_linear: kiln::nn::Linear<NdArray> = burn_linear.into();
     kiln_linear.forward(x).into_data().assert_approx_eq::<f32>(&expected.into_data(), burn::tensor::Tolerance::default());
+}
+
+/// The CubeCL half of the stream handshake (`kiln_kernels::stream_handshake`): with its *done*
+/// word already holding the nonce, the kernel must write the nonce into its slot's *ready* word,
+/// leave every other word alone, and return.
+#[test]
+fn handshake_kernel_signals_ready_and_returns_once_done() {
+    use cubecl::prelude::*;
+    use kiln_kernels::stream_handshake::{DONE, READY, SLOT_WORDS, launch_handshake};
+    let Some(device) = common::wgpu_device() else { return };
+    let client = cubecl::wgpu::WgpuRuntime::client(&device);
+    let (slots, slot, nonce) = (8usize, 5usize, 0x1234_5678u32);
+    let mut words = vec![7u32; slots * SLOT_WORDS];
+    words[slot * SLOT_WORDS + DONE] = nonce;
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let handle = client.create_from_slice(&bytes);
+    // SAFETY: the buffer holds `slots × SLOT_WORDS` u32 words.
+    launch_handshake(&client, unsafe { ArrayArg::from_raw_parts(handle.clone(), slots * SLOT_WORDS) }, slot as u32, nonce);
+    let out = client.read_one(handle).expect("read back");
+    let got: Vec<u32> = out.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+    words[slot * SLOT_WORDS + READY] = nonce;
+    assert_eq!(got, words);
 }

@@ -73,11 +73,11 @@ pub fn ordering_check(device: &CudaDevice) -> bool {
 /// milliseconds, the small ones microseconds); median of three samples after a warm-up.
 fn time_adaptive<T>(device: &CudaDevice, mut f: impl FnMut() -> T) -> f64 {
     let warm: Vec<T> = (0..2).map(|_| f()).collect();
-    B::sync(device).unwrap();
+    super::sync_all(device);
     drop(warm);
     let start = Instant::now();
     let one = f();
-    B::sync(device).unwrap();
+    super::sync_all(device);
     drop(one);
     let iters = (0.1 / start.elapsed().as_secs_f64()).clamp(3.0, 500.0) as usize;
     super::time_few(device, iters, f)
@@ -87,8 +87,10 @@ fn tflops(m: usize, k: usize, n: usize, seconds: f64) -> f64 {
     2.0 * (m * k * n) as f64 / seconds / 1e12
 }
 
-/// Burn's `matmul` (fusion + autotune, as `Cuda` users get it) next to kiln's, per shape.
+/// Burn's `matmul` (fusion + autotune, as `Cuda` users get it) next to kiln's, per shape
+/// (`KILN_BENCH_BURN=0`: kiln's alone, when Burn's column is already known).
 pub fn bench(device: &CudaDevice, dtype: DType, quick: bool) {
+    let with_burn = std::env::var("KILN_BENCH_BURN").as_deref() != Ok("0");
     let order = ops::matmul::cublaslt_stream_order(device.index);
     println!("bench gemm {dtype:?}: kiln path cuBLASLt, stream order {order:?} (TF32 for f32 unless KILN_GEMM_TF32=0)");
     let kns: &[(usize, usize)] = if quick { &KNS[..1] } else { &KNS };
@@ -97,7 +99,7 @@ pub fn bench(device: &CudaDevice, dtype: DType, quick: bool) {
         for m in MS {
             let x = cube_rand([m, k], dtype, device);
             let start = Instant::now();
-            let burn = time_adaptive(device, || x.clone().matmul(w.clone()));
+            let burn = if with_burn { time_adaptive(device, || x.clone().matmul(w.clone())) } else { f64::NAN };
             let kiln = time_adaptive(device, || ops::matmul(x.clone(), w.clone()));
             println!(
                 "bench gemm {dtype:?} m{m:<6} k{k:<6} n{n:<7} burn {:9.4} ms {:6.1} TF/s  kiln {:9.4} ms {:6.1} TF/s  kiln/burn {:5.2}x ({:.1} s)",

@@ -9,6 +9,7 @@ pub mod rms_norm;
 pub mod rms_norm_rope;
 pub mod rope;
 pub mod row;
+pub mod stream_handshake;
 pub mod swiglu;
 
 pub use cubecl;

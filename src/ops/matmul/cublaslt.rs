@@ -4,15 +4,10 @@
 //! driver), so a machine without it still runs: [`Engine::get`] answers `None` and the caller
 //! falls back to Burn's matmul.
 //!
-//! Ordering against CubeCL: CubeCL 0.10 keeps the `CUstream` it launches on private, so kiln
-//! owns one stream per device for cuBLASLt and orders it against CubeCL's with host
-//! synchronization ([`StreamOrder::HostSync`]): wait for CubeCL's stream to drain, run the
-//! product, wait for it. Events need the other stream's handle; the driver's stream memory
-//! operations (`cuStreamWaitValue32`) rejected CubeCL's pool memory on the H100; a device-side
-//! handshake through flag words (a spinning CubeCL kernel on one side, spinning kernels on kiln's
-//! stream on the other) did not complete a round there (git history, `benches/RESULTS.md`). The
-//! two host waits cost ~0.1-0.2 ms per product, which is why `cube.rs` sends small products to
-//! Burn's matmul.
+//! kiln owns one stream per device for cuBLASLt (CubeCL 0.10 keeps its own private);
+//! `stream_order.rs` orders it against CubeCL's. Each product runs on CubeCL's device thread
+//! (`ComputeClient::exclusive`): CubeCL's calls inside it (device pointers, the handshake's
+//! launch) then run at once instead of each waiting for that thread.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -26,24 +21,7 @@ use cudarc::cublaslt::{result as lt, sys};
 use cudarc::driver::{result as drv, sys as dsys};
 
 use super::GemmLayout;
-
-/// How the cuBLASLt stream is ordered against CubeCL's stream.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StreamOrder {
-    /// Host waits for CubeCL's stream before the product and for the product after it.
-    HostSync,
-    /// No ordering at all: wrong results whenever a producer or consumer overlaps the product.
-    /// Exists only as the negative control of the GPU check's ordering test
-    /// (`KILN_GEMM_ORDER=unordered`), which must fail with it.
-    Unordered,
-}
-
-fn stream_order() -> StreamOrder {
-    match std::env::var("KILN_GEMM_ORDER").as_deref() {
-        Ok("unordered") => StreamOrder::Unordered,
-        _ => StreamOrder::HostSync,
-    }
-}
+use super::stream_order::{Ordering, StreamOrder};
 
 /// One matrix operand as cuBLASLt sees it: a column-major view of row-major storage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -81,24 +59,34 @@ struct PlanKey {
     alignment: u32,
 }
 
-/// Descriptors and the heuristic's algorithm for one [`PlanKey`] (handles: copied freely, owned
-/// and destroyed by [`Plan`]).
+/// One algorithm cuBLASLt's heuristic offered, with the workspace it needs.
+#[derive(Clone, Copy)]
+struct Algo {
+    algo: sys::cublasLtMatmulAlgo_t,
+    workspace: usize,
+}
+
+/// Descriptors and the chosen algorithm for one [`PlanKey`] (handles: copied freely, owned and
+/// destroyed by [`Plan`]).
 #[derive(Clone, Copy)]
 struct PlanParts {
     desc: sys::cublasLtMatmulDesc_t,
     /// cuBLASLt's A and B layouts (A = the rhs tensor, B = the lhs tensor: see [`build_plan`]),
     /// then the output's, which serves as both C (the residual) and D.
     layouts: [sys::cublasLtMatrixLayout_t; 3],
-    algo: sys::cublasLtMatmulAlgo_t,
-    workspace: usize,
+    algo: Algo,
 }
 
-/// The owner of one cached [`PlanParts`].
-struct Plan(PlanParts);
+/// The owner of one cached [`PlanParts`], with the heuristic's candidates until the first product
+/// has timed them (see [`tune`]).
+struct Plan {
+    parts: PlanParts,
+    candidates: Vec<Algo>,
+}
 
 impl Drop for Plan {
     fn drop(&mut self) {
-        destroy(self.0.desc, &self.0.layouts);
+        destroy(self.parts.desc, &self.parts.layouts);
     }
 }
 
@@ -120,7 +108,7 @@ pub(crate) struct Engine {
     stream: dsys::CUstream,
     workspace: dsys::CUdeviceptr,
     workspace_size: usize,
-    order: StreamOrder,
+    ordering: Ordering,
     plans: HashMap<PlanKey, Plan>,
 }
 
@@ -136,17 +124,28 @@ fn engines() -> &'static Engines {
 }
 
 impl Engine {
-    /// Run `f` with the engine of CUDA device `index`, created on first use; `None` when cuBLASLt
-    /// cannot be loaded or set up there (the caller then uses Burn's matmul).
-    pub(crate) fn with<T>(index: usize, f: impl FnOnce(&mut Engine) -> T) -> Option<T> {
-        let mut engines = engines().lock().unwrap_or_else(|e| e.into_inner());
-        let engine = engines.entry(index).or_insert_with(|| Engine::new(index).ok()).as_mut()?;
-        // SAFETY: the primary context outlives the process's use of the device.
-        unsafe { drv::ctx::set_current(engine.context) }.ok()?;
-        Some(f(engine))
+    /// Run `f` with the engine of CUDA device `index` (`client`'s device), created on first use;
+    /// `None` when cuBLASLt cannot be loaded or set up there (the caller then uses Burn's matmul).
+    /// Runs on CubeCL's device thread, which also keeps one lock order (that thread, then the
+    /// engines' lock) whichever thread asks.
+    fn with<T: Send + 'static>(
+        client: &ComputeClient<CudaRuntime>,
+        index: usize,
+        f: impl FnOnce(&mut Engine) -> T + Send,
+    ) -> Option<T> {
+        client
+            .exclusive(|| {
+                let mut engines = engines().lock().unwrap_or_else(|e| e.into_inner());
+                let engine = engines.entry(index).or_insert_with(|| Engine::new(index, client).ok()).as_mut()?;
+                // SAFETY: the primary context outlives the process's use of the device.
+                unsafe { drv::ctx::set_current(engine.context) }.ok()?;
+                Some(f(engine))
+            })
+            .ok()
+            .flatten()
     }
 
-    fn new(index: usize) -> Result<Self, String> {
+    fn new(index: usize, client: &ComputeClient<CudaRuntime>) -> Result<Self, String> {
         // SAFETY: probing for the shared library has no preconditions.
         if !unsafe { sys::is_culib_present() } {
             return Err("libcublasLt not found".into());
@@ -167,22 +166,27 @@ impl Engine {
         let stream = drv::stream::create(drv::stream::StreamKind::NonBlocking).map_err(|e| err(&e))?;
         let workspace = unsafe { drv::malloc_sync(workspace_size) }.map_err(|e| err(&e))?;
         let handle = lt::create_handle().map_err(|e| err(&e))?;
-        Ok(Self { context, handle, stream, workspace, workspace_size, order: stream_order(), plans: HashMap::new() })
+        let ordering = Ordering::new(client, stream);
+        Ok(Self { context, handle, stream, workspace, workspace_size, ordering, plans: HashMap::new() })
     }
 
-    fn plan(&mut self, key: PlanKey) -> Result<PlanParts, String> {
+    /// The plan for `key` and, on its first use, the candidate algorithms still to be timed.
+    fn plan(&mut self, key: PlanKey) -> Result<(PlanParts, Vec<Algo>), String> {
         if !self.plans.contains_key(&key) {
             let plan = build_plan(self.handle, &key, self.workspace_size)?;
-            self.plans.insert(key, Plan(plan));
+            self.plans.insert(key, plan);
         }
-        Ok(self.plans[&key].0)
+        let plan = self.plans.get_mut(&key).expect("inserted above");
+        Ok((plan.parts, std::mem::take(&mut plan.candidates)))
     }
 }
 
 /// The ordering strategy of cuBLASLt products on CUDA device `index`; `None` where cuBLASLt cannot
 /// be loaded (products then run through Burn's matmul).
 pub fn cublaslt_stream_order(index: usize) -> Option<StreamOrder> {
-    Engine::with(index, |engine| engine.order)
+    use cubecl::Runtime;
+    let client = CudaRuntime::client(&cubecl::cuda::CudaDevice::new(index));
+    Engine::with(&client, index, |engine| engine.ordering.order())
 }
 
 fn data_type(dtype: DType) -> Option<sys::cudaDataType> {
@@ -241,9 +245,12 @@ unsafe fn set_pref<T>(
         .map_err(|e| format!("{e:?}"))
 }
 
-/// Descriptors for `key` and cuBLASLt's heuristic pick among algorithms that fit the workspace
-/// and the pointers' alignment.
-fn build_plan(handle: sys::cublasLtHandle_t, key: &PlanKey, workspace_size: usize) -> Result<PlanParts, String> {
+/// Algorithms asked of cuBLASLt's heuristic per plan; the first product times them all.
+const CANDIDATES: usize = 8;
+
+/// Descriptors for `key` and cuBLASLt's heuristic candidates among algorithms that fit the
+/// workspace and the pointers' alignment (its first pick chosen until [`tune`] has run).
+fn build_plan(handle: sys::cublasLtHandle_t, key: &PlanKey, workspace_size: usize) -> Result<Plan, String> {
     use sys::cublasLtMatmulDescAttributes_t as D;
     use sys::cublasLtMatmulPreferenceAttributes_t as P;
     let dt = data_type(key.dtype).ok_or("unsupported dtype")?;
@@ -277,22 +284,83 @@ fn build_plan(handle: sys::cublasLtHandle_t, key: &PlanKey, workspace_size: usiz
             }
             let (a, b, out) = (layouts[0], layouts[1], layouts[2]);
             let h = h.and_then(|()| {
-                lt::get_matmul_algo_heuristic(handle, desc, a, b, out, out, pref)
-                    .map_err(|e| format!("no cuBLASLt algorithm for {key:?}: {e:?}"))
+                heuristic_candidates(handle, desc, [a, b, out], pref).map_err(|e| format!("no cuBLASLt algorithm for {key:?}: {e}"))
             });
             let _ = lt::destroy_matmul_pref(pref);
             h
         }
     })();
-    let heuristic = match heuristic {
-        Ok(h) => h,
+    let candidates = match heuristic {
+        Ok(c) => c,
         Err(e) => {
             destroy(desc, &layouts);
             return Err(e);
         }
     };
     let layouts = [layouts[0], layouts[1], layouts[2]];
-    Ok(PlanParts { desc, layouts, algo: heuristic.algo, workspace: heuristic.workspaceSize })
+    Ok(Plan { parts: PlanParts { desc, layouts, algo: candidates[0] }, candidates })
+}
+
+/// Up to [`CANDIDATES`] algorithms for the descriptors, best first by cuBLASLt's estimate; never
+/// empty on `Ok`.
+unsafe fn heuristic_candidates(
+    handle: sys::cublasLtHandle_t,
+    desc: sys::cublasLtMatmulDesc_t,
+    [a, b, out]: [sys::cublasLtMatrixLayout_t; 3],
+    pref: sys::cublasLtMatmulPreference_t,
+) -> Result<Vec<Algo>, String> {
+    // SAFETY: a plain C struct, valid zeroed; cuBLASLt fills the first `count`.
+    let mut results: Vec<sys::cublasLtMatmulHeuristicResult_t> = vec![unsafe { std::mem::zeroed() }; CANDIDATES];
+    let mut count = 0;
+    // SAFETY: live descriptors; `results` holds CANDIDATES entries.
+    unsafe { sys::cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, out, out, pref, CANDIDATES as i32, results.as_mut_ptr(), &mut count) }
+        .result()
+        .map_err(|e| format!("{e:?}"))?;
+    let algos: Vec<Algo> = results[..count.max(0) as usize]
+        .iter()
+        .filter(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
+        .map(|r| Algo { algo: r.algo, workspace: r.workspaceSize })
+        .collect();
+    if algos.is_empty() { Err("the heuristic returned none".into()) } else { Ok(algos) }
+}
+
+/// Time each candidate on the product's own operands (two runs each after one warm-up run, CUDA
+/// events on kiln's stream) and return the fastest: cuBLASLt's heuristic ranks by a model, and
+/// its first pick measured up to ~20% slower than the best candidate on the H100. Runs inside a
+/// host-synchronized product (a plan's first), so every run sees the producers' finished data;
+/// the runs only write the fresh output, which the real launch after this overwrites.
+fn tune(stream: dsys::CUstream, candidates: &[Algo], run: impl Fn(&Algo) -> Result<(), String>) -> Result<Algo, String> {
+    if candidates.len() == 1 {
+        return Ok(candidates[0]);
+    }
+    let event = || drv::event::create(dsys::CUevent_flags::CU_EVENT_DEFAULT).map_err(|e| format!("{e:?}"));
+    let (start, end) = (event()?, event()?);
+    let mut best: Option<(f32, Algo)> = None;
+    let mut timed = || -> Result<(), String> {
+        for candidate in candidates {
+            if run(candidate).is_err() {
+                continue;
+            }
+            // SAFETY (all calls): live events and stream.
+            unsafe { drv::event::record(start, stream) }.map_err(|e| format!("{e:?}"))?;
+            let runs = run(candidate).and_then(|()| run(candidate));
+            unsafe { drv::event::record(end, stream) }.map_err(|e| format!("{e:?}"))?;
+            unsafe { drv::event::synchronize(end) }.map_err(|e| format!("{e:?}"))?;
+            let ms = unsafe { drv::event::elapsed(start, end) }.map_err(|e| format!("{e:?}"))?;
+            if runs.is_ok() && best.is_none_or(|(b, _)| ms < b) {
+                best = Some((ms, *candidate));
+            }
+        }
+        Ok(())
+    };
+    let outcome = timed();
+    // SAFETY: events created above, no longer recorded.
+    unsafe {
+        let _ = drv::event::destroy(start);
+        let _ = drv::event::destroy(end);
+    }
+    outcome?;
+    best.map(|(_, a)| a).ok_or_else(|| "no candidate algorithm ran".into())
 }
 
 /// The device pointer of a tensor's first element, taken through CubeCL (which also orders the
@@ -329,7 +397,7 @@ pub(crate) fn gemm<R: CubeRuntime>(args: &GemmArgs<'_, R>, device_index: usize) 
     if data_type(args.out.dtype).is_none() {
         return Ok(false);
     }
-    Engine::with(device_index, |engine| run(engine, client, args)).unwrap_or(Ok(false))
+    Engine::with(client, device_index, |engine| run(engine, client, args)).unwrap_or(Ok(false))
 }
 
 fn run<R: CubeRuntime>(engine: &mut Engine, client: &ComputeClient<CudaRuntime>, a: &GemmArgs<'_, R>) -> Result<bool, String> {
@@ -354,15 +422,15 @@ fn run<R: CubeRuntime>(engine: &mut Engine, client: &ComputeClient<CudaRuntime>,
         residual: a.residual.is_some(),
         alignment: alignment(&pointers, a.out.dtype.size(), &[lhs, rhs, out]),
     };
-    let (handle, stream, workspace, order) = (engine.handle, engine.stream, engine.workspace, engine.order);
-    let Ok(plan) = engine.plan(key) else { return Ok(false) };
+    let (handle, stream, workspace) = (engine.handle, engine.stream, engine.workspace);
+    let Ok((plan, candidates)) = engine.plan(key) else { return Ok(false) };
     if let Some(bias) = p_bias {
         // SAFETY: live descriptor; the plan is used under the engine's lock only.
         unsafe { set_desc(plan.desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias)? };
     }
     let (alpha, beta) = (1f32, if a.residual.is_some() { 1f32 } else { 0f32 });
     let c = p_residual.unwrap_or(p_out);
-    let launch = || unsafe {
+    let launch = |algo: &Algo| unsafe {
         // SAFETY: every pointer is a live CubeCL allocation of the shape its layout describes, kept
         // alive (and unreused) until CubeCL's stream passes the point ordered after this launch.
         lt::matmul(
@@ -378,22 +446,34 @@ fn run<R: CubeRuntime>(engine: &mut Engine, client: &ComputeClient<CudaRuntime>,
             plan.layouts[2],
             p_out as *mut c_void,
             plan.layouts[2],
-            &plan.algo,
+            &algo.algo,
             workspace as *mut c_void,
-            plan.workspace,
+            algo.workspace,
             stream as sys::cudaStream_t,
         )
         .map_err(|e| format!("cublasLtMatmul: {e:?}"))
     };
-    let outcome = match order {
-        StreamOrder::Unordered => launch(),
-        StreamOrder::HostSync => {
-            cubecl::future::block_on(client.sync()).map_err(|e| format!("{e:?}"))?;
-            let result = launch();
-            // SAFETY: kiln's own live stream.
-            unsafe { drv::stream::synchronize(stream) }.map_err(|e| format!("{e:?}"))?;
-            result
-        }
-    };
-    outcome.map(|()| true)
+    if candidates.is_empty() {
+        return engine.ordering.ordered(client, stream, false, || launch(&plan.algo)).map(|()| true);
+    }
+    // A plan's first product: its kernels load now (host-synchronized, see `Ordering::ordered`)
+    // and its candidates are timed.
+    let mut chosen = plan.algo;
+    engine.ordering.ordered(client, stream, true, || {
+        chosen = tune(stream, &candidates, launch)?;
+        launch(&chosen)
+    })?;
+    engine.plans.get_mut(&key).expect("built above").parts.algo = chosen;
+    Ok(true)
+}
+
+/// Wait until every cuBLASLt product enqueued on CUDA device `index` has finished (benchmarks of
+/// the unordered negative control need it; ordered products never do).
+pub fn cublaslt_synchronize(index: usize) {
+    use cubecl::Runtime;
+    let client = CudaRuntime::client(&cubecl::cuda::CudaDevice::new(index));
+    Engine::with(&client, index, |engine| {
+        // SAFETY: the engine's live stream.
+        let _ = unsafe { drv::stream::synchronize(engine.stream) };
+    });
 }

@@ -9,9 +9,13 @@ mod cublaslt;
 mod cube;
 mod fusion;
 pub mod reference;
+#[cfg(feature = "cuda")]
+mod stream_order;
 
 #[cfg(feature = "cuda")]
-pub use cublaslt::{StreamOrder, cublaslt_stream_order};
+pub use cublaslt::{cublaslt_stream_order, cublaslt_synchronize};
+#[cfg(feature = "cuda")]
+pub use stream_order::StreamOrder;
 
 use burn::tensor::{Shape, Tensor, backend::Backend, ops::FloatTensor};
 

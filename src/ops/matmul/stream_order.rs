@@ -1,0 +1,255 @@
+//! Ordering kiln's cuBLASLt stream against CubeCL's stream (CUDA only).
+//!
+//! CubeCL 0.10 keeps the `CUstream` it launches on private (no accessor on `ComputeClient` or
+//! `CudaServer`), so events cannot be recorded on it. The driver's stream memory operations
+//! (`cuStreamWaitValue32`) reject CubeCL's stream-ordered pool memory (`CUDA_ERROR_INVALID_VALUE`
+//! on the H100, driver 580). Three strategies remain ([`StreamOrder`], `KILN_GEMM_ORDER`):
+//!
+//! - [`StreamOrder::DeviceHandshake`] (default): both streams meet in device memory, with no host
+//!   wait. A one-unit CubeCL kernel ([`kiln_kernels::stream_handshake`]) on CubeCL's stream
+//!   signals *ready* (everything CubeCL enqueued before it has finished) and spins until *done*;
+//!   kiln's stream spins until *ready*, runs the product, writes *done*. CubeCL queues launches on
+//!   its device thread until something flushes that queue, so the CubeCL half is flushed before
+//!   kiln's stream starts to wait on it (without that flush the first round never completed).
+//! - [`StreamOrder::HostSync`]: the host waits for CubeCL's stream, enqueues the product, waits
+//!   for it (two host round trips per product). Used where the handshake fails its self-test, and
+//!   for every product that may load GPU code lazily (see [`Ordering::ordered`]).
+//! - [`StreamOrder::Unordered`]: the negative control of the GPU check's ordering test.
+
+use std::ffi::c_void;
+use std::time::{Duration, Instant};
+
+use cubecl::cuda::CudaRuntime;
+use cubecl::prelude::{ArrayArg, ComputeClient};
+use cubecl::server::Handle;
+use cudarc::driver::{result as drv, sys as dsys};
+use kiln_kernels::stream_handshake::{DONE, READY, SLOT_WORDS, launch_handshake};
+
+/// How the cuBLASLt stream is ordered against CubeCL's stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamOrder {
+    /// Device-side waits on flag words (no host synchronization).
+    DeviceHandshake,
+    /// Host waits for CubeCL's stream before the product and for the product after it.
+    HostSync,
+    /// No ordering at all: wrong results whenever a producer or consumer overlaps the product.
+    /// Exists only as the negative control of the GPU check's ordering test
+    /// (`KILN_GEMM_ORDER=unordered`), which must fail with it.
+    Unordered,
+}
+
+/// `KILN_GEMM_ORDER=sync|unordered`; the handshake otherwise.
+fn requested() -> StreamOrder {
+    match std::env::var("KILN_GEMM_ORDER").as_deref() {
+        Ok("unordered") => StreamOrder::Unordered,
+        Ok("sync") => StreamOrder::HostSync,
+        _ => StreamOrder::DeviceHandshake,
+    }
+}
+
+/// The ordering strategy of one device, with the handshake's state where it is in use.
+pub(super) struct Ordering {
+    order: StreamOrder,
+    handshake: Option<Handshake>,
+}
+
+impl Ordering {
+    /// The requested strategy; the handshake only after it passed its self-test on this device
+    /// (otherwise host synchronization, said once on stderr).
+    pub(super) fn new(client: &ComputeClient<CudaRuntime>, stream: dsys::CUstream) -> Self {
+        let order = requested();
+        if order != StreamOrder::DeviceHandshake {
+            return Self { order, handshake: None };
+        }
+        match Handshake::new(client, stream) {
+            Ok(h) => Self { order, handshake: Some(h) },
+            Err(e) => {
+                eprintln!("kiln::matmul: the cuBLASLt stream handshake failed its self-test ({e}); using host synchronization");
+                Self { order: StreamOrder::HostSync, handshake: None }
+            }
+        }
+    }
+
+    pub(super) fn order(&self) -> StreamOrder {
+        self.order
+    }
+
+    /// Run `work` (which enqueues on kiln's `stream`) after everything enqueued so far on
+    /// `client`'s stream, and before anything CubeCL enqueues later. `may_load_code`: `work` may
+    /// load GPU code lazily (a new cuBLASLt plan's first launch); CUDA may synchronize the whole
+    /// context to load code, which inside a handshake would wait on a kernel that waits for the
+    /// product, so such work runs under host synchronization.
+    pub(super) fn ordered(
+        &mut self,
+        client: &ComputeClient<CudaRuntime>,
+        stream: dsys::CUstream,
+        may_load_code: bool,
+        work: impl FnOnce() -> Result<(), String>,
+    ) -> Result<(), String> {
+        match (self.order, &mut self.handshake) {
+            (StreamOrder::Unordered, _) => work(),
+            (StreamOrder::DeviceHandshake, Some(h)) if !may_load_code => h.round(client, stream, work),
+            _ => host_sync(client, stream, work),
+        }
+    }
+}
+
+fn host_sync(client: &ComputeClient<CudaRuntime>, stream: dsys::CUstream, work: impl FnOnce() -> Result<(), String>) -> Result<(), String> {
+    cubecl::future::block_on(client.sync()).map_err(|e| format!("{e:?}"))?;
+    let result = work();
+    // SAFETY: kiln's own live stream.
+    unsafe { drv::stream::synchronize(stream) }.map_err(|e| format!("{e:?}"))?;
+    result
+}
+
+fn err(e: impl std::fmt::Debug) -> String {
+    format!("{e:?}")
+}
+
+/// kiln's half of the handshake: two one-thread kernels on kiln's stream (CubeCL kernels can only
+/// be launched on CubeCL's stream).
+const SYNC_KERNELS: &str = r#"
+extern "C" __global__ void kiln_wait_ready(unsigned int* flag, unsigned int nonce) {
+    while (atomicAdd(flag, 0u) != nonce) {}
+}
+extern "C" __global__ void kiln_signal_done(unsigned int* flag, unsigned int nonce) {
+    __threadfence();
+    atomicExch(flag, nonce);
+}
+"#;
+
+/// [`SYNC_KERNELS`], compiled with NVRTC and loaded once per device.
+struct SyncKernels {
+    wait_ready: dsys::CUfunction,
+    signal_done: dsys::CUfunction,
+}
+
+impl SyncKernels {
+    fn new() -> Result<Self, String> {
+        let ptx = cudarc::nvrtc::compile_ptx(SYNC_KERNELS).map_err(err)?;
+        let image = std::ffi::CString::new(ptx.to_src()).map_err(err)?;
+        // SAFETY: a NUL-terminated PTX image; the module stays loaded for the process.
+        unsafe {
+            let module = drv::module::load_data(image.as_ptr() as *const c_void).map_err(err)?;
+            let function = |name: &str| drv::module::get_function(module, std::ffi::CString::new(name).expect("no NUL")).map_err(err);
+            Ok(Self { wait_ready: function("kiln_wait_ready")?, signal_done: function("kiln_signal_done")? })
+        }
+    }
+
+    /// Launch `f(flag, nonce)` on one thread of `stream`.
+    fn launch(f: dsys::CUfunction, stream: dsys::CUstream, flag: u64, nonce: u32) -> Result<(), String> {
+        let (mut flag, mut nonce) = (flag, nonce);
+        let mut params = [&mut flag as *mut u64 as *mut c_void, &mut nonce as *mut u32 as *mut c_void];
+        // SAFETY: `f` takes (unsigned int*, unsigned int); the parameters outlive the call.
+        unsafe { drv::launch_kernel(f, (1, 1, 1), (1, 1, 1), 0, stream, &mut params) }.map_err(err)
+    }
+}
+
+/// Handshake slots in flight at once before the host waits for the oldest.
+const SLOTS: usize = 256;
+
+/// The handshake: kiln's kernels and a persistent ring of flag slots, each slot with an event
+/// that keeps its handshakes from overlapping.
+struct Handshake {
+    kernels: SyncKernels,
+    /// The flag words (`SLOTS × SLOT_WORDS` u32); holding the handle keeps CubeCL from reusing them.
+    ring: Handle,
+    base: u64,
+    /// The last nonce handed out (never 0: a zeroed word matches no handshake).
+    nonce: u32,
+    /// Per slot, an event recorded after its last *done* write.
+    pending: Vec<Option<dsys::CUevent>>,
+}
+
+impl Handshake {
+    /// The handshake after it has been seen to work on this device, which also loads every
+    /// kernel it uses (so none loads lazily inside a round): kiln's two kernels on a word of slot
+    /// 0, the CubeCL half alone on slot 0 (its *done* word already written), then a full round. A failure (a launch error, a flag not written, a round not finished within 5 s)
+    /// is an `Err`.
+    fn new(client: &ComputeClient<CudaRuntime>, stream: dsys::CUstream) -> Result<Self, String> {
+        const PROBE: u32 = u32::MAX;
+        let kernels = SyncKernels::new()?;
+        let ring = client.create_from_slice(&vec![0u8; SLOTS * SLOT_WORDS * size_of::<u32>()]);
+        let base = client.get_resource(ring.clone()).map_err(err)?.resource().ptr;
+        // The zeros must land before kiln's stream writes into the ring.
+        cubecl::future::block_on(client.sync()).map_err(err)?;
+        let mut h = Self { kernels, ring, base, nonce: 1, pending: vec![None; SLOTS] };
+
+        SyncKernels::launch(h.kernels.signal_done, stream, h.word(0, DONE), PROBE)?;
+        SyncKernels::launch(h.kernels.wait_ready, stream, h.word(0, DONE), PROBE)?;
+        // SAFETY: kiln's live stream.
+        unsafe { drv::stream::synchronize(stream) }.map_err(err)?;
+        h.launch_cubecl_half(client, 0, PROBE)?;
+        let words = client.read_one(h.ring.clone()).map_err(err)?;
+        if words[READY * 4..READY * 4 + 4] != PROBE.to_le_bytes() {
+            return Err("the CubeCL half did not signal ready".into());
+        }
+
+        let ok = h.round(client, stream, || Ok(()));
+        let (slot, nonce) = (h.nonce as usize % SLOTS, h.nonce);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        // SAFETY (all calls): kiln's live stream; the ring's words are live device memory.
+        while ok.is_ok() && unsafe { dsys::cuStreamQuery(stream) } == dsys::CUresult::CUDA_ERROR_NOT_READY {
+            if Instant::now() > deadline {
+                // Release both spinning kernels before giving up.
+                unsafe {
+                    let _ = drv::memcpy_htod_sync(h.word(slot, READY), &[nonce]);
+                    let _ = drv::memcpy_htod_sync(h.word(slot, DONE), &[nonce]);
+                }
+                return Err("a full round did not finish within 5 s".into());
+            }
+            std::thread::yield_now();
+        }
+        ok?;
+        cubecl::future::block_on(client.sync()).map_err(err)?;
+        Ok(h)
+    }
+
+    fn word(&self, slot: usize, offset: usize) -> u64 {
+        self.base + ((slot * SLOT_WORDS + offset) * size_of::<u32>()) as u64
+    }
+
+    /// Enqueue the CubeCL half and make CubeCL issue it now, surfacing any launch error CubeCL
+    /// recorded (kiln's stream must never wait on a kernel that was not launched).
+    fn launch_cubecl_half(&self, client: &ComputeClient<CudaRuntime>, slot: usize, nonce: u32) -> Result<(), String> {
+        // SAFETY: the ring holds SLOTS × SLOT_WORDS u32 words.
+        let flags = unsafe { ArrayArg::from_raw_parts(self.ring.clone(), SLOTS * SLOT_WORDS) };
+        launch_handshake(client, flags, slot as u32, nonce);
+        client.flush().map_err(|e| format!("CubeCL half of the handshake: {e:?}"))
+    }
+
+    /// One handshake around `work`.
+    fn round(&mut self, client: &ComputeClient<CudaRuntime>, stream: dsys::CUstream, work: impl FnOnce() -> Result<(), String>) -> Result<(), String> {
+        let (slot, nonce) = self.next()?;
+        let result = self
+            .launch_cubecl_half(client, slot, nonce)
+            .and_then(|()| SyncKernels::launch(self.kernels.wait_ready, stream, self.word(slot, READY), nonce))
+            .and_then(|()| work());
+        // *done* is written whatever failed: CubeCL's stream must never be left spinning.
+        SyncKernels::launch(self.kernels.signal_done, stream, self.word(slot, DONE), nonce)?;
+        self.record(slot, stream)?;
+        result
+    }
+
+    /// The next `(slot, nonce)`, after the slot's previous handshake has completed.
+    fn next(&mut self) -> Result<(usize, u32), String> {
+        self.nonce = self.nonce.wrapping_add(1).max(1);
+        let slot = self.nonce as usize % SLOTS;
+        if let Some(event) = self.pending[slot] {
+            // SAFETY: a live event of this ring; returns at once when it has completed.
+            unsafe { drv::event::synchronize(event) }.map_err(err)?;
+        }
+        Ok((slot, self.nonce))
+    }
+
+    /// Mark `slot` busy until the work enqueued so far on `stream` has completed.
+    fn record(&mut self, slot: usize, stream: dsys::CUstream) -> Result<(), String> {
+        let event = match self.pending[slot] {
+            Some(e) => e,
+            None => drv::event::create(dsys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(err)?,
+        };
+        self.pending[slot] = Some(event);
+        // SAFETY: live event and stream.
+        unsafe { drv::event::record(event, stream) }.map_err(err)
+    }
+}
