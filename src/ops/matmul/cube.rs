@@ -1,6 +1,5 @@
-//! Dense products on CubeCL backends: cuBLASLt on CUDA for products large enough to win, Burn's
-//! autotuned matmul otherwise (small products, wgpu, f64, cuBLASLt missing). `KILN_GEMM=burn` or
-//! `KILN_GEMM=cublaslt` forces one path wherever it can run (for measurements).
+//! Dense products on CubeCL backends: cuBLASLt on CUDA, Burn's autotuned matmul otherwise (wgpu,
+//! f64, cuBLASLt missing). `KILN_GEMM=burn` forces Burn's matmul (for measurements).
 
 use burn::tensor::ops::FloatTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
@@ -57,19 +56,12 @@ mod cuda {
         (&t.device as &dyn std::any::Any).downcast_ref::<cubecl::cuda::CudaDevice>().map(|d| d.index)
     }
 
-    /// Products below this many FLOPs (2·m·n·k) run through Burn's matmul. cuBLASLt is ordered
-    /// against CubeCL by two host waits (~0.1-0.2 ms a product); on the H100 (bf16, Llama shapes,
-    /// `benches/RESULTS.md` of 2026-11-23) that made it slower than Burn's kernel at
-    /// m = 512 × 4096 × 4096 (17 GFLOP, 0.82×) and faster from 46 GFLOP up (1.5-3.3×).
-    const CUBLASLT_MIN_FLOPS: f64 = 2e10;
-
-    /// Whether this product goes to cuBLASLt: by size, unless `KILN_GEMM` forces a path.
-    fn wanted(m: usize, n: usize, k: usize) -> bool {
-        match std::env::var("KILN_GEMM").as_deref() {
-            Ok("burn") => false,
-            Ok("cublaslt") => true,
-            _ => 2.0 * (m * n * k) as f64 >= CUBLASLT_MIN_FLOPS,
-        }
+    /// Whether this product goes to cuBLASLt: wherever it can run, unless `KILN_GEMM=burn`. On the
+    /// H100 (bf16, Llama shapes, `benches/RESULTS.md` 2026-11-23, device handshake) it ran at
+    /// 1.07-3.3× Burn's matmul from M = 512 up; at M ≤ 16 both are bound by per-call host cost and
+    /// came out 0.92-4.1× (two rows within their run-to-run spread), so there is no crossover to keep.
+    fn wanted() -> bool {
+        std::env::var("KILN_GEMM").as_deref() != Ok("burn")
     }
 
     pub(super) fn gemm<R: CubeRuntime>(
@@ -82,7 +74,7 @@ mod cuda {
         let index = cuda_index(lhs)?;
         let out_shape: Shape = output_shape(&lhs.shape(), &rhs.shape(), layout)?;
         let k = if layout.transpose_lhs { lhs.shape()[1] } else { lhs.shape()[2] };
-        if out_shape.num_elements() == 0 || k == 0 || !wanted(out_shape[0] * out_shape[1], out_shape[2], k) {
+        if out_shape.num_elements() == 0 || k == 0 || !wanted() {
             return None;
         }
         let (lhs, transpose_lhs) = readable(lhs, layout.transpose_lhs);

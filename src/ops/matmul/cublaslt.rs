@@ -108,6 +108,9 @@ pub(crate) struct Engine {
     stream: dsys::CUstream,
     workspace: dsys::CUdeviceptr,
     workspace_size: usize,
+    /// SMs cuBLASLt should plan for: one less than the device has while the handshake's CubeCL
+    /// kernel spins on one of them during every product.
+    sm_target: Option<i32>,
     ordering: Ordering,
     plans: HashMap<PlanKey, Plan>,
 }
@@ -167,13 +170,17 @@ impl Engine {
         let workspace = unsafe { drv::malloc_sync(workspace_size) }.map_err(|e| err(&e))?;
         let handle = lt::create_handle().map_err(|e| err(&e))?;
         let ordering = Ordering::new(client, stream);
-        Ok(Self { context, handle, stream, workspace, workspace_size, ordering, plans: HashMap::new() })
+        let sms = unsafe { drv::device::get_attribute(device, dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT) }
+            .map_err(|e| err(&e))?;
+        let margin = ordering.order() == StreamOrder::DeviceHandshake && std::env::var("KILN_GEMM_SM_TARGET").as_deref() != Ok("all");
+        let sm_target = margin.then_some(sms - 1);
+        Ok(Self { context, handle, stream, workspace, workspace_size, sm_target, ordering, plans: HashMap::new() })
     }
 
     /// The plan for `key` and, on its first use, the candidate algorithms still to be timed.
     fn plan(&mut self, key: PlanKey) -> Result<(PlanParts, Vec<Algo>), String> {
         if !self.plans.contains_key(&key) {
-            let plan = build_plan(self.handle, &key, self.workspace_size)?;
+            let plan = build_plan(self.handle, &key, self.workspace_size, self.sm_target)?;
             self.plans.insert(key, plan);
         }
         let plan = self.plans.get_mut(&key).expect("inserted above");
@@ -250,7 +257,7 @@ const CANDIDATES: usize = 8;
 
 /// Descriptors for `key` and cuBLASLt's heuristic candidates among algorithms that fit the
 /// workspace and the pointers' alignment (its first pick chosen until [`tune`] has run).
-fn build_plan(handle: sys::cublasLtHandle_t, key: &PlanKey, workspace_size: usize) -> Result<Plan, String> {
+fn build_plan(handle: sys::cublasLtHandle_t, key: &PlanKey, workspace_size: usize, sm_target: Option<i32>) -> Result<Plan, String> {
     use sys::cublasLtMatmulDescAttributes_t as D;
     use sys::cublasLtMatmulPreferenceAttributes_t as P;
     let dt = data_type(key.dtype).ok_or("unsupported dtype")?;
@@ -266,6 +273,9 @@ fn build_plan(handle: sys::cublasLtHandle_t, key: &PlanKey, workspace_size: usiz
             set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSA, &op(key.layout.transpose_rhs))?;
             set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSB, &op(key.layout.transpose_lhs))?;
             set_desc(desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue)?;
+            if let Some(sms) = sm_target {
+                set_desc(desc, D::CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms)?;
+            }
         }
         for operand in [&key.rhs, &key.lhs, &key.out] {
             layouts.push(layout(dt, operand, key.batch)?);
@@ -477,3 +487,4 @@ pub fn cublaslt_synchronize(index: usize) {
         let _ = unsafe { drv::stream::synchronize(engine.stream) };
     });
 }
+

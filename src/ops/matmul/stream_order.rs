@@ -8,9 +8,14 @@
 //! - [`StreamOrder::DeviceHandshake`] (default): both streams meet in device memory, with no host
 //!   wait. A one-unit CubeCL kernel ([`kiln_kernels::stream_handshake`]) on CubeCL's stream
 //!   signals *ready* (everything CubeCL enqueued before it has finished) and spins until *done*;
-//!   kiln's stream spins until *ready*, runs the product, writes *done*. CubeCL queues launches on
-//!   its device thread until something flushes that queue, so the CubeCL half is flushed before
-//!   kiln's stream starts to wait on it (without that flush the first round never completed).
+//!   kiln's stream spins until *ready*, runs the product, writes *done*. Rounds run on CubeCL's
+//!   device thread (`cublaslt.rs` calls in through `ComputeClient::exclusive`), where CubeCL
+//!   issues a launch at once; from any other thread it only queues the launch until something
+//!   flushes the queue, and kiln's stream would spin on a kernel not yet issued (why the first
+//!   attempt, run from the caller's thread, never completed a round). Rounds do not call
+//!   `ComputeClient::flush` (0.15-0.3 ms on the H100: it also settles CubeCL's deferred frees):
+//!   the self-test surfaces launch errors of the CubeCL half, and a context broken later fails
+//!   kiln's own launches too.
 //! - [`StreamOrder::HostSync`]: the host waits for CubeCL's stream, enqueues the product, waits
 //!   for it (two host round trips per product). Used where the handshake fails its self-test, and
 //!   for every product that may load GPU code lazily (see [`Ordering::ordered`]).
@@ -74,8 +79,9 @@ impl Ordering {
         self.order
     }
 
-    /// Run `work` (which enqueues on kiln's `stream`) after everything enqueued so far on
-    /// `client`'s stream, and before anything CubeCL enqueues later. `may_load_code`: `work` may
+    /// Run `work` (which enqueues on kiln's `stream`; called on CubeCL's device thread) after
+    /// everything enqueued so far on `client`'s stream, and before anything CubeCL enqueues
+    /// later. `may_load_code`: `work` may
     /// load GPU code lazily (a new cuBLASLt plan's first launch); CUDA may synchronize the whole
     /// context to load code, which inside a handshake would wait on a kernel that waits for the
     /// product, so such work runs under host synchronization.
@@ -179,13 +185,14 @@ impl Handshake {
         SyncKernels::launch(h.kernels.wait_ready, stream, h.word(0, DONE), PROBE)?;
         // SAFETY: kiln's live stream.
         unsafe { drv::stream::synchronize(stream) }.map_err(err)?;
-        h.launch_cubecl_half(client, 0, PROBE)?;
+        h.launch_cubecl_half(client, 0, PROBE);
+        client.flush().map_err(|e| format!("CubeCL half of the handshake: {e:?}"))?;
         let words = client.read_one(h.ring.clone()).map_err(err)?;
         if words[READY * 4..READY * 4 + 4] != PROBE.to_le_bytes() {
             return Err("the CubeCL half did not signal ready".into());
         }
 
-        let ok = h.round(client, stream, || Ok(()));
+        let ok = h.round(client, stream, || Ok(())).and_then(|()| client.flush().map_err(err));
         let (slot, nonce) = (h.nonce as usize % SLOTS, h.nonce);
         let deadline = Instant::now() + Duration::from_secs(5);
         // SAFETY (all calls): kiln's live stream; the ring's words are live device memory.
@@ -209,22 +216,18 @@ impl Handshake {
         self.base + ((slot * SLOT_WORDS + offset) * size_of::<u32>()) as u64
     }
 
-    /// Enqueue the CubeCL half and make CubeCL issue it now, surfacing any launch error CubeCL
-    /// recorded (kiln's stream must never wait on a kernel that was not launched).
-    fn launch_cubecl_half(&self, client: &ComputeClient<CudaRuntime>, slot: usize, nonce: u32) -> Result<(), String> {
+    /// Launch the CubeCL half (issued at once: this runs on CubeCL's device thread).
+    fn launch_cubecl_half(&self, client: &ComputeClient<CudaRuntime>, slot: usize, nonce: u32) {
         // SAFETY: the ring holds SLOTS × SLOT_WORDS u32 words.
         let flags = unsafe { ArrayArg::from_raw_parts(self.ring.clone(), SLOTS * SLOT_WORDS) };
         launch_handshake(client, flags, slot as u32, nonce);
-        client.flush().map_err(|e| format!("CubeCL half of the handshake: {e:?}"))
     }
 
     /// One handshake around `work`.
     fn round(&mut self, client: &ComputeClient<CudaRuntime>, stream: dsys::CUstream, work: impl FnOnce() -> Result<(), String>) -> Result<(), String> {
         let (slot, nonce) = self.next()?;
-        let result = self
-            .launch_cubecl_half(client, slot, nonce)
-            .and_then(|()| SyncKernels::launch(self.kernels.wait_ready, stream, self.word(slot, READY), nonce))
-            .and_then(|()| work());
+        self.launch_cubecl_half(client, slot, nonce);
+        let result = SyncKernels::launch(self.kernels.wait_ready, stream, self.word(slot, READY), nonce).and_then(|()| work());
         // *done* is written whatever failed: CubeCL's stream must never be left spinning.
         SyncKernels::launch(self.kernels.signal_done, stream, self.word(slot, DONE), nonce)?;
         self.record(slot, stream)?;
