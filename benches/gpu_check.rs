@@ -347,6 +347,9 @@ fn main() {
     if mode == "gemm" || mode == "gemm-f32" {
         gemm::bench(&device, DType::F32, false);
     }
+    if mode == "gemm-linear" {
+        gemm::bench_linear(&device);
+    }
     if mode == "gemm-strategies" {
         gemm::bench_strategies(&device);
     }

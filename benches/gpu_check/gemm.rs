@@ -186,3 +186,33 @@ pub fn bench_strategies(device: &CudaDevice) {
         }
     }
 }
+
+/// Llama projections as layers on `Autodiff<Cuda>`, bf16: forward and backward (dX and dW) of
+/// kiln's `nn::Linear` next to `burn::nn::Linear` (the same parameters), each step
+/// `Σ (x·W)·dy` → gradients; the loss ops alone are timed too and subtracted in RESULTS. FLOPs of
+/// a step: 3 × 2·m·k·n. Torch: `python3 gemm.py linear`.
+pub fn bench_linear(device: &CudaDevice) {
+    use burn::module::Param;
+    type Ad = burn::backend::Autodiff<B>;
+    let leaf = |shape: [usize; 2]| Tensor::<Ad, 2>::from_inner(cube_rand(shape, DType::BF16, device)).require_grad();
+    for (m, k, n) in [(8192, 4096, 11008), (8192, 11008, 4096), (8192, 4096, 4096), (2048, 4096, 4096)] {
+        let (x, dy, y_leaf) = (leaf([m, k]), leaf([m, n]).detach(), leaf([m, n]));
+        let burn_linear = burn::nn::Linear { weight: Param::from_tensor(leaf([k, n])), bias: None };
+        let kiln_linear = kiln::nn::Linear::from(burn_linear.clone());
+        let step_flops = 3.0 * 2.0 * (m * k * n) as f64;
+        // Ten calls per sample: every call's gradients stay alive until the sync (hundreds of MB).
+        let loss = super::time_few(device, 10, || (y_leaf.clone() * dy.clone()).sum().backward());
+        let burn = super::time_few(device, 10, || (burn_linear.forward(x.clone()) * dy.clone()).sum().backward());
+        let kiln = super::time_few(device, 10, || (kiln_linear.forward(x.clone()) * dy.clone()).sum().backward());
+        let rate = |t: f64| step_flops / (t - loss) / 1e12;
+        println!(
+            "bench linear fwd+bwd bf16 m{m} k{k} n{n}: loss ops {:.4} ms; burn {:.4} ms ({:.0} TF/s net); kiln {:.4} ms ({:.0} TF/s net); kiln/burn {:.2}x",
+            loss * 1e3,
+            burn * 1e3,
+            rate(burn),
+            kiln * 1e3,
+            rate(kiln),
+            (burn - loss) / (kiln - loss)
+        );
+    }
+}

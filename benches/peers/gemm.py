@@ -1,7 +1,10 @@
 """torch.matmul at the shapes of kiln's GEMM table (benches/gpu_check/gemm.rs), timed the way the
 Rust side times: back-to-back calls, wall clock between device syncs, as many calls per sample as
 fit ~0.1 s, median of three samples. f32 runs with TF32 allowed (what kiln and Burn do for f32).
-Usage: python3 gemm.py [bf16|f32|all]. Prints lines starting with `peer gemm`."""
+`linear`: a bias-free linear layer's forward + backward (dX, dW) in bf16 at the shapes of
+kiln's `gemm-linear` mode, and the loss ops alone (Σ y·dy on a leaf), both through autograd, 10
+calls per sample (the gradients kept alive would not fit with more).
+Usage: python3 gemm.py [bf16|f32|all|linear]. Prints lines starting with `peer gemm`/`peer linear`."""
 import sys
 import time
 
@@ -12,14 +15,14 @@ KNS = [(4096, 4096), (4096, 11008), (11008, 4096), (4096, 128256)]
 DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
 
 
-def seconds(fn):
+def seconds(fn, cap=500):
     for _ in range(2):
         fn()
     torch.cuda.synchronize()
     start = time.perf_counter()
     fn()
     torch.cuda.synchronize()
-    iters = int(min(500, max(3, 0.1 / (time.perf_counter() - start))))
+    iters = int(min(cap, max(3, 0.1 / (time.perf_counter() - start))))
     samples = []
     for _ in range(3):
         start = time.perf_counter()
@@ -46,5 +49,23 @@ def main(which):
             torch.cuda.empty_cache()
 
 
+def linear():
+    bf = torch.bfloat16
+    for m, k, n in [(8192, 4096, 11008), (8192, 11008, 4096), (8192, 4096, 4096), (2048, 4096, 4096)]:
+        x = torch.randn(m, k, device="cuda", dtype=bf, requires_grad=True)
+        w = torch.randn(n, k, device="cuda", dtype=bf, requires_grad=True)
+        dy = torch.randn(m, n, device="cuda", dtype=bf)
+        y0 = torch.randn(m, n, device="cuda", dtype=bf, requires_grad=True)
+        loss = seconds(lambda: torch.autograd.grad((y0 * dy).sum(), [y0]), cap=10)
+        t = seconds(lambda: torch.autograd.grad((torch.nn.functional.linear(x, w) * dy).sum(), [x, w]), cap=10)
+        flops = 3 * 2 * m * k * n
+        print(f"peer linear torch fwd+bwd bf16 m{m} k{k} n{n}: loss ops {loss * 1e3:.4f} ms; torch {t * 1e3:.4f} ms ({flops / (t - loss) / 1e12:.0f} TF/s net)", flush=True)
+        del x, w, dy, y0
+        torch.cuda.empty_cache()
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "linear":
+        linear()
+        sys.exit(0)
     main(sys.argv[1] if len(sys.argv) > 1 else "all")
