@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use burn::backend::cuda::CudaDevice;
-use burn::tensor::{DType, Distribution, Tensor, backend::Backend};
+use burn::tensor::{DType, Distribution, Tensor};
 use cubecl::cuda::CudaRuntime;
 use kiln::ops;
 

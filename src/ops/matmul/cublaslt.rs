@@ -1,7 +1,7 @@
 //! cuBLASLt on the device memory of CubeCL tensors (CUDA only).
 //!
 //! cuBLASLt is loaded at run time through `cudarc` (the crate cubecl-cuda already uses for the
-//! driver), so a machine without it still runs: [`Engine::get`] answers `None` and the caller
+//! driver), so a machine without it still runs: [`Engine::with`] answers `None` and the caller
 //! falls back to Burn's matmul.
 //!
 //! kiln owns one stream per device for cuBLASLt (CubeCL 0.10 keeps its own private);
@@ -157,25 +157,24 @@ impl Engine {
         if !unsafe { sys::is_culib_present() } {
             return Err("libcublasLt not found".into());
         }
-        let err = |e: &dyn std::fmt::Debug| format!("{e:?}");
-        drv::init().map_err(|e| err(&e))?;
-        let device = drv::device::get(index as i32).map_err(|e| err(&e))?;
+        drv::init().map_err(err)?;
+        let device = drv::device::get(index as i32).map_err(err)?;
         // SAFETY: `device` is valid; the primary context is the one cubecl-cuda retains, so
         // CubeCL's device pointers are valid in it.
-        let context = unsafe { drv::primary_ctx::retain(device) }.map_err(|e| err(&e))?;
-        unsafe { drv::ctx::set_current(context) }.map_err(|e| err(&e))?;
+        let context = unsafe { drv::primary_ctx::retain(device) }.map_err(err)?;
+        unsafe { drv::ctx::set_current(context) }.map_err(err)?;
         let major = unsafe {
             drv::device::get_attribute(device, dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
         }
-        .map_err(|e| err(&e))?;
+        .map_err(err)?;
         // NVIDIA's recommendation: 32 MiB of workspace on Hopper, 4 MiB before.
         let workspace_size = if major >= 9 { 32 << 20 } else { 4 << 20 };
-        let stream = drv::stream::create(drv::stream::StreamKind::NonBlocking).map_err(|e| err(&e))?;
-        let workspace = unsafe { drv::malloc_sync(workspace_size) }.map_err(|e| err(&e))?;
-        let handle = lt::create_handle().map_err(|e| err(&e))?;
+        let stream = drv::stream::create(drv::stream::StreamKind::NonBlocking).map_err(err)?;
+        let workspace = unsafe { drv::malloc_sync(workspace_size) }.map_err(err)?;
+        let handle = lt::create_handle().map_err(err)?;
         let ordering = Ordering::new(client, stream);
         let sms = unsafe { drv::device::get_attribute(device, dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT) }
-            .map_err(|e| err(&e))?;
+            .map_err(err)?;
         let margin = ordering.order() == StreamOrder::DeviceHandshake && std::env::var("KILN_GEMM_SM_TARGET").as_deref() != Ok("all");
         let sm_target = margin.then_some(sms - 1);
         Ok(Self { context, handle, stream, workspace, workspace_size, sm_target, ordering, plans: HashMap::new() })
@@ -195,9 +194,18 @@ impl Engine {
 /// The ordering strategy of cuBLASLt products on CUDA device `index`; `None` where cuBLASLt cannot
 /// be loaded (products then run through Burn's matmul).
 pub fn cublaslt_stream_order(index: usize) -> Option<StreamOrder> {
+    on_device(index, |engine| engine.ordering.order())
+}
+
+/// [`Engine::with`] for a CUDA device index (the public entry points that get no tensor).
+fn on_device<T: Send + 'static>(index: usize, f: impl FnOnce(&mut Engine) -> T + Send) -> Option<T> {
     use cubecl::Runtime;
-    let client = CudaRuntime::client(&cubecl::cuda::CudaDevice::new(index));
-    Engine::with(&client, index, |engine| engine.ordering.order())
+    Engine::with(&CudaRuntime::client(&cubecl::cuda::CudaDevice::new(index)), index, f)
+}
+
+/// A driver or library error as text (the errors here end as `Err(String)` or a panic message).
+pub(super) fn err(e: impl std::fmt::Debug) -> String {
+    format!("{e:?}")
 }
 
 fn data_type(dtype: DType) -> Option<sys::cudaDataType> {
@@ -222,7 +230,7 @@ fn compute_type(dtype: DType) -> sys::cublasComputeType_t {
 fn layout(dtype: sys::cudaDataType, op: &Operand, batch: usize) -> Result<sys::cublasLtMatrixLayout_t, String> {
     // Row-major [rows, cols] with row stride `ld` is column-major [cols, rows] with the same ld.
     let l = lt::create_matrix_layout(dtype, op.cols as u64, op.rows as u64, op.row_stride as i64)
-        .map_err(|e| format!("{e:?}"))?;
+        .map_err(err)?;
     let count = batch as i32;
     let offset = op.batch_stride as i64;
     // SAFETY: `l` is a live layout; the buffers are plain values of the documented types.
@@ -239,12 +247,12 @@ fn layout(dtype: sys::cudaDataType, op: &Operand, batch: usize) -> Result<sys::c
 
 unsafe fn set<T>(l: sys::cublasLtMatrixLayout_t, attr: sys::cublasLtMatrixLayoutAttribute_t, v: &T) -> Result<(), String> {
     unsafe { lt::set_matrix_layout_attribute(l, attr, v as *const T as *const c_void, size_of::<T>()) }
-        .map_err(|e| format!("{e:?}"))
+        .map_err(err)
 }
 
 unsafe fn set_desc<T>(d: sys::cublasLtMatmulDesc_t, attr: sys::cublasLtMatmulDescAttributes_t, v: &T) -> Result<(), String> {
     unsafe { lt::set_matmul_desc_attribute(d, attr, v as *const T as *const c_void, size_of::<T>()) }
-        .map_err(|e| format!("{e:?}"))
+        .map_err(err)
 }
 
 unsafe fn set_pref<T>(
@@ -253,7 +261,7 @@ unsafe fn set_pref<T>(
     v: &T,
 ) -> Result<(), String> {
     unsafe { lt::set_matmul_pref_attribute(p, attr, v as *const T as *const c_void, size_of::<T>()) }
-        .map_err(|e| format!("{e:?}"))
+        .map_err(err)
 }
 
 /// Algorithms asked of cuBLASLt's heuristic per plan; the first product times them all.
@@ -265,7 +273,7 @@ fn build_plan(handle: sys::cublasLtHandle_t, key: &PlanKey, workspace_size: usiz
     use sys::cublasLtMatmulDescAttributes_t as D;
     use sys::cublasLtMatmulPreferenceAttributes_t as P;
     let dt = data_type(key.dtype).ok_or("unsupported dtype")?;
-    let desc = lt::create_matmul_desc(compute_type(key.dtype), sys::cudaDataType::CUDA_R_32F).map_err(|e| format!("{e:?}"))?;
+    let desc = lt::create_matmul_desc(compute_type(key.dtype), sys::cudaDataType::CUDA_R_32F).map_err(err)?;
     // cublasOperation_t (defined in cuBLAS proper, not cuBLASLt): CUBLAS_OP_N = 0, CUBLAS_OP_T = 1.
     let op = |t: bool| i32::from(t);
     let epilogue = if key.bias { sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS } else { sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT };
@@ -284,7 +292,7 @@ fn build_plan(handle: sys::cublasLtHandle_t, key: &PlanKey, workspace_size: usiz
         for operand in [&key.rhs, &key.lhs, &key.out] {
             layouts.push(layout(dt, operand, key.batch)?);
         }
-        let pref = lt::create_matmul_pref().map_err(|e| format!("{e:?}"))?;
+        let pref = lt::create_matmul_pref().map_err(err)?;
         // SAFETY: live preference and descriptors; the preference is destroyed once.
         unsafe {
             let mut h = set_pref(pref, P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &(workspace_size as u64));
@@ -329,7 +337,7 @@ unsafe fn heuristic_candidates(
     // SAFETY: live descriptors; `results` holds CANDIDATES entries.
     unsafe { sys::cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, out, out, pref, CANDIDATES as i32, results.as_mut_ptr(), &mut count) }
         .result()
-        .map_err(|e| format!("{e:?}"))?;
+        .map_err(err)?;
     let algos: Vec<Algo> = results[..count.max(0) as usize]
         .iter()
         .filter(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
@@ -349,7 +357,7 @@ fn tune(stream: dsys::CUstream, candidates: &[Algo], run: impl Fn(&Algo) -> Resu
     if candidates.len() == 1 {
         return Ok(candidates[0]);
     }
-    let event = || drv::event::create(dsys::CUevent_flags::CU_EVENT_DEFAULT).map_err(|e| format!("{e:?}"));
+    let event = || drv::event::create(dsys::CUevent_flags::CU_EVENT_DEFAULT).map_err(err);
     let (start, end) = (event()?, event()?);
     let mut best: Option<(f32, Algo)> = None;
     let mut timed = || -> Result<(), String> {
@@ -358,11 +366,11 @@ fn tune(stream: dsys::CUstream, candidates: &[Algo], run: impl Fn(&Algo) -> Resu
                 continue;
             }
             // SAFETY (all calls): live events and stream.
-            unsafe { drv::event::record(start, stream) }.map_err(|e| format!("{e:?}"))?;
+            unsafe { drv::event::record(start, stream) }.map_err(err)?;
             let runs = run(candidate).and_then(|()| run(candidate));
-            unsafe { drv::event::record(end, stream) }.map_err(|e| format!("{e:?}"))?;
-            unsafe { drv::event::synchronize(end) }.map_err(|e| format!("{e:?}"))?;
-            let ms = unsafe { drv::event::elapsed(start, end) }.map_err(|e| format!("{e:?}"))?;
+            unsafe { drv::event::record(end, stream) }.map_err(err)?;
+            unsafe { drv::event::synchronize(end) }.map_err(err)?;
+            let ms = unsafe { drv::event::elapsed(start, end) }.map_err(err)?;
             if runs.is_ok() && best.is_none_or(|(b, _)| ms < b) {
                 best = Some((ms, *candidate));
             }
@@ -382,7 +390,7 @@ fn tune(stream: dsys::CUstream, candidates: &[Algo], run: impl Fn(&Algo) -> Resu
 /// The device pointer of a tensor's first element, taken through CubeCL (which also orders the
 /// handle's producer against CubeCL's current stream).
 fn pointer(client: &ComputeClient<CudaRuntime>, t: &CubeTensor<impl CubeRuntime>) -> Result<u64, String> {
-    let resource = client.get_resource(t.handle.clone()).map_err(|e| format!("{e:?}"))?;
+    let resource = client.get_resource(t.handle.clone()).map_err(err)?;
     Ok(resource.resource().ptr)
 }
 
@@ -486,11 +494,8 @@ fn run<R: CubeRuntime>(engine: &mut Engine, client: &ComputeClient<CudaRuntime>,
 /// Wait until every cuBLASLt product enqueued on CUDA device `index` has finished (benchmarks of
 /// the unordered negative control need it; ordered products never do).
 pub fn cublaslt_synchronize(index: usize) {
-    use cubecl::Runtime;
-    let client = CudaRuntime::client(&cubecl::cuda::CudaDevice::new(index));
-    Engine::with(&client, index, |engine| {
+    on_device(index, |engine| {
         // SAFETY: the engine's live stream.
         let _ = unsafe { drv::stream::synchronize(engine.stream) };
     });
 }
-

@@ -30,6 +30,8 @@ use cubecl::server::Handle;
 use cudarc::driver::{result as drv, sys as dsys};
 use kiln_kernels::stream_handshake::{DONE, READY, SLOT_WORDS, launch_handshake};
 
+use super::cublaslt::err;
+
 /// How the cuBLASLt stream is ordered against CubeCL's stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StreamOrder {
@@ -81,10 +83,10 @@ impl Ordering {
 
     /// Run `work` (which enqueues on kiln's `stream`; called on CubeCL's device thread) after
     /// everything enqueued so far on `client`'s stream, and before anything CubeCL enqueues
-    /// later. `may_load_code`: `work` may
-    /// load GPU code lazily (a new cuBLASLt plan's first launch); CUDA may synchronize the whole
-    /// context to load code, which inside a handshake would wait on a kernel that waits for the
-    /// product, so such work runs under host synchronization.
+    /// later. `may_load_code`: `work` may load GPU code lazily (a new cuBLASLt plan's first
+    /// launch); CUDA may synchronize the whole context to load code, which inside a handshake
+    /// would wait on a kernel that waits for the product, so such work runs under host
+    /// synchronization.
     pub(super) fn ordered(
         &mut self,
         client: &ComputeClient<CudaRuntime>,
@@ -101,15 +103,11 @@ impl Ordering {
 }
 
 fn host_sync(client: &ComputeClient<CudaRuntime>, stream: dsys::CUstream, work: impl FnOnce() -> Result<(), String>) -> Result<(), String> {
-    cubecl::future::block_on(client.sync()).map_err(|e| format!("{e:?}"))?;
+    cubecl::future::block_on(client.sync()).map_err(err)?;
     let result = work();
     // SAFETY: kiln's own live stream.
-    unsafe { drv::stream::synchronize(stream) }.map_err(|e| format!("{e:?}"))?;
+    unsafe { drv::stream::synchronize(stream) }.map_err(err)?;
     result
-}
-
-fn err(e: impl std::fmt::Debug) -> String {
-    format!("{e:?}")
 }
 
 /// kiln's half of the handshake: two one-thread kernels on kiln's stream (CubeCL kernels can only
@@ -170,8 +168,9 @@ struct Handshake {
 impl Handshake {
     /// The handshake after it has been seen to work on this device, which also loads every
     /// kernel it uses (so none loads lazily inside a round): kiln's two kernels on a word of slot
-    /// 0, the CubeCL half alone on slot 0 (its *done* word already written), then a full round. A failure (a launch error, a flag not written, a round not finished within 5 s)
-    /// is an `Err`.
+    /// 0, the CubeCL half alone on slot 0 (its *done* word already written), then a full round.
+    /// A failure (a launch error, a flag not written, a round not finished within 5 s) is an
+    /// `Err`.
     fn new(client: &ComputeClient<CudaRuntime>, stream: dsys::CUstream) -> Result<Self, String> {
         const PROBE: u32 = u32::MAX;
         let kernels = SyncKernels::new()?;
