@@ -196,6 +196,9 @@ fn parity_tensor_cores(device: &CudaDevice) -> bool {
         AttentionCase::new(1, 4, 4, 300, 1000, 64),
         AttentionCase { options: causal.with_window(64).with_softcap(30.0), bias: true, ..AttentionCase::new(1, 4, 2, 65, 300, 96) },
         AttentionCase { options: causal, ..AttentionCase::new(1, 2, 1, 100, 37, 80) },
+        // Whole unmasked tiles and a ragged tail; an 8-way group; causal with a cache offset.
+        AttentionCase::new(1, 8, 1, 1000, 1000, 128),
+        AttentionCase { options: causal, ..AttentionCase::new(2, 4, 2, 100, 1000, 128) },
     ];
     for case in cases {
         let start = Instant::now();
@@ -255,13 +258,14 @@ fn time_few<T>(device: &CudaDevice, iters: usize, mut f: impl FnMut() -> T) -> f
 
 /// Flash attention at the FlashAttention-2 paper's shapes (batch × seq = 16k tokens, 2048 model
 /// width), forward and backward TFLOP/s (backward counted as 2.5 × forward FLOPs), the memory
-/// held for the backward at 16k, and one decoding step over a 32k cache.
-fn bench_attention(device: &CudaDevice, quick: bool) {
+/// held for the backward at 16k, and one decoding step over a 32k cache. `forward_only` times the
+/// forward alone at every shape.
+fn bench_attention(device: &CudaDevice, quick: bool, forward_only: bool) {
     let client = <cubecl::cuda::CudaRuntime as cubecl::Runtime>::client(device);
     let shape = kiln_kernels::flash_attention::AttentionShape { batch: 4, q_heads: 16, kv_heads: 16, q_len: 4096, kv_len: 4096, head_dim: 128 };
     let features = kiln_kernels::flash_attention::AttentionFeatures { causal: true, window: None, softcap: None, bias: false };
     let plan = kiln_kernels::flash_attention::AttentionPlan::new(&client, shape, features, DType::BF16.into()).unwrap();
-    println!("bench attention forward path (bf16 prefill): {}", if plan.tensor_cores { "tensor cores (mma.sync m16n8k16)" } else { "portable" });
+    println!("bench attention forward path (bf16 prefill): {}", if plan.tensor_cores { format!("tensor cores (mma.sync m16n8k16), {} planes per cube", plan.planes) } else { "portable".into() });
     let (head_dims, seqs): (&[usize], &[usize]) = if quick { (&[128], &[4096]) } else { (&[64, 128], &[1024, 4096, 8192, 16384]) };
     for &head_dim in head_dims {
         for &seq in seqs {
@@ -275,6 +279,10 @@ fn bench_attention(device: &CudaDevice, quick: bool) {
                 let flops = 4.0 * (batch * heads * seq * seq * head_dim) as f64 * if causal { 0.5 } else { 1.0 };
                 let iters = (4096 * 4096 / (seq * seq)).clamp(1, 20);
                 let fwd = time_few(device, iters, || ops::flash_attention(q.clone(), k.clone(), v.clone(), None, options));
+                if forward_only {
+                    println!("bench kiln attention hd{head_dim} s{seq} b{batch} h{heads} causal={causal:<5} fwd {:8.3} ms {:6.1} TF/s", fwd * 1e3, flops / fwd / 1e12);
+                    continue;
+                }
                 let saved = B::flash_attention_forward(q.clone().into_primitive().tensor(), k.clone().into_primitive().tensor(), v.clone().into_primitive().tensor(), None, options);
                 let bwd = time_few(device, iters, || {
                     B::flash_attention_backward(q.clone().into_primitive().tensor(), k.clone().into_primitive().tensor(), v.clone().into_primitive().tensor(), None, saved.output.clone(), saved.lse.clone(), d_out.clone().into_primitive().tensor(), options)
@@ -287,7 +295,7 @@ fn bench_attention(device: &CudaDevice, quick: bool) {
         }
     }
 
-    if quick {
+    if quick || forward_only {
         return;
     }
     // Memory held after the forward under autodiff (what the backward keeps), 16k tokens, 2 heads.
@@ -332,7 +340,7 @@ fn main() {
         bench(&device);
     }
     if mode == "attention" || mode == "bench" || mode == "all" {
-        bench_attention(&device, false);
+        bench_attention(&device, false, false);
     }
     if mode == "parity-tensor-cores" {
         ok = parity_tensor_cores(&device);
@@ -353,8 +361,11 @@ fn main() {
     if mode == "gemm-strategies" {
         gemm::bench_strategies(&device);
     }
+    if mode == "attention-fwd" {
+        bench_attention(&device, false, true);
+    }
     if mode == "attention-quick" {
-        bench_attention(&device, true);
+        bench_attention(&device, true, false);
     }
     std::process::exit(if ok { 0 } else { 1 });
 }

@@ -5,34 +5,213 @@
 //!
 //! Register layout of `mma.sync.m16n8k16` on CUDA, lane `= 4g + t`:
 //! - accumulator (16×8 f32): vector `v` of the lane holds row `g + 8v`, columns `2t, 2t + 1`;
-//! - A (16×16): vector `v` holds row `g + 8(v % 2)`, columns `2t + 8(v / 2)` and the next one.
+//! - A (16×16): vector `v` holds row `g + 8(v % 2)`, columns `2t + 8(v / 2)` and the next one;
+//! - B (16×8): vector `v` holds column `g`, rows `2t + 8v` and the next one.
 //!
 //! So the two accumulator tiles of keys `[16s, 16s + 8)` and `[16s + 8, 16s + 16)` are, vector
 //! for vector, the A fragment of the next product's k-step `s`: the probabilities become the A
-//! operand of `P·V` by a cast, without leaving registers. K is staged row-major and V
-//! transposed in shared memory (rows padded by 8 elements against bank conflicts), so both B
-//! fragments are pairs of adjacent elements. Fragment positions come from `position_of_nth`.
+//! operand of `P·V` by a cast, without leaving registers.
+//!
+//! Data movement, the part that decides the speed:
+//! - K and V tiles arrive by 16-byte `cp.async` copies into two shared-memory buffers: the copies
+//!   of tile `n + 1` fly while tile `n` is computed, and one mbarrier wait per tile both lands them
+//!   and tells every plane that the other buffer is free again.
+//! - Both tiles stay row-major (one key per row, rows padded by 16 bytes, which puts the eight
+//!   rows of an `ldmatrix` on distinct banks). B fragments come from `ldmatrix.x4`: plain for Kᵀ
+//!   (a K row holds the fragment's adjacent elements), transposed for V.
+//! - Only tiles that cross a causal/window edge or the end of the keys evaluate the mask.
 
-use super::{AttentionConfig, MASKED, EMPTY_LSE, bias_at, capped_logit, key_range, packed_row, position_span, visible};
+use super::{AttentionConfig, EMPTY_LSE, MASKED, bias_at, capped_logit, key_range, packed_row, position_span, visible};
 use cubecl::cmma::{MatrixIdent, MmaDefinition};
+use cubecl::prelude::barrier::{Barrier, copy_async_checked};
 use cubecl::prelude::*;
 
 /// Rows one plane owns (the MMA's m).
 pub(super) const PLANE_ROWS: usize = 16;
-/// Planes per cube.
-pub(super) const PLANES: usize = 4;
 /// Keys per shared-memory tile.
 pub(super) const TILE_KEYS: usize = 64;
-/// Padding of shared-memory rows, in elements.
+/// Padding of shared-memory rows, in elements (16 bytes).
 const PAD: usize = 8;
+/// Elements per 16-byte copy.
+const CHUNK: usize = 8;
 
-/// Shared memory of one cube, in bytes, for heads of `head_dim` and `elem_size`-byte elements.
+/// Shared memory of one cube, in bytes: two buffers of K and V tiles, plus the barrier.
 pub(super) fn shared_bytes(head_dim: usize, elem_size: usize) -> usize {
-    elem_size * (TILE_KEYS * (head_dim + PAD) + head_dim * (TILE_KEYS + PAD))
+    elem_size * 4 * TILE_KEYS * (head_dim + PAD) + 64
+}
+
+/// `exp` through the hardware approximation (`ex2.approx`): its relative error (~1e-6 over the
+/// range of `s − max`) is far below the bf16/f16 rounding of the probabilities it feeds.
+#[cube(fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf)]
+fn fast_exp(x: f32) -> f32 {
+    x.exp()
+}
+
+/// Keys `[lo, hi)` that every query position in `[i_lo, i_hi]` sees: tiles inside need no mask.
+#[cube]
+fn unmasked_keys(i_lo: usize, i_hi: usize, q_len: usize, kv_len: usize, window: usize, start: usize, end: usize, #[comptime] config: AttentionConfig) -> (usize, usize) {
+    let mut lo = start;
+    let mut hi = end;
+    if comptime!(config.causal) {
+        // Row i sees j ≤ i + kv_len − q_len: all rows see j < i_lo + kv_len + 1 − q_len.
+        hi = 0;
+        if i_lo + kv_len + 1 > q_len {
+            hi = cubecl::prelude::min(i_lo + kv_len + 1 - q_len, end);
+        }
+    }
+    if comptime!(config.window) {
+        // Row i sees j > i + kv_len − q_len − window: all rows see j ≥ i_hi + kv_len + 1 − q_len − window.
+        if i_hi + kv_len + 1 > q_len + window {
+            lo = cubecl::prelude::max(i_hi + kv_len + 1 - q_len - window, start);
+        }
+    }
+    (lo, hi)
+}
+
+/// Issue the `cp.async` copies of rows `[tile, tile + TILE_KEYS)` of one head of `src` (rows from
+/// `base`, unit last stride) into the tile at `dst`; rows past `end` are zero-filled.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn stage_tile<F: Float>(
+    src: &Tensor<F>,
+    smem: &mut SharedMemory<F>,
+    dst: usize,
+    base: usize,
+    tile: usize,
+    end: usize,
+    #[comptime] d: usize,
+    #[comptime] threads: usize,
+) {
+    let chunks = comptime!(d / CHUNK);
+    let total = comptime!(TILE_KEYS * d / CHUNK);
+    let stride = comptime!(d + PAD);
+    let mut c = UNIT_POS as usize;
+    #[unroll]
+    for _ in 0..comptime!(total.div_ceil(threads)) {
+        if c < total {
+            let row = c / chunks;
+            let col = (c % chunks) * CHUNK;
+            let mut src_row = tile + row;
+            let mut len = comptime!(CHUNK).runtime();
+            if src_row >= end {
+                // Nothing is read; the copy zero-fills, from a row that exists.
+                src_row = tile;
+                len = 0usize;
+            }
+            let from = base + src_row * src.stride(2) + col;
+            let to = dst + row * stride + col;
+            copy_async_checked(&src.slice(from, from + len), &mut smem.slice_mut(to, to + CHUNK), comptime!(CHUNK as u32));
+        }
+        c += threads;
+    }
+}
+
+/// Scale, cap, bias and (for `masked` tiles) mask this lane's scores of one key tile in place,
+/// returning the maxima of its two rows. Accumulator vector `x` holds row `x`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn tile_logits<F: Float, NC: Size>(
+    s_acc: &mut Array<Vector<f32, NC>>,
+    bias: &Tensor<F>,
+    b: usize,
+    rows: &Array<usize>,
+    valid: &Array<bool>,
+    tile: usize,
+    col0: usize,
+    end: usize,
+    q_len: usize,
+    kv_len: usize,
+    window: usize,
+    scale: f32,
+    softcap: f32,
+    #[comptime] config: AttentionConfig,
+    #[comptime] masked: bool,
+) -> (f32, f32) {
+    let nc = NC::value();
+    let key_tiles = comptime!(TILE_KEYS / 8);
+    let mut max0 = f32::new(MASKED);
+    let mut max1 = f32::new(MASKED);
+    #[unroll]
+    for nt in 0..key_tiles {
+        #[unroll]
+        for x in 0..2usize {
+            let mut reg = s_acc[comptime!(nt * 2 + x)];
+            let h = rows[comptime!(2 * x)];
+            let i = rows[comptime!(2 * x + 1)];
+            #[unroll]
+            for e in 0..nc {
+                let j = tile + comptime!(nt * 8 + e) + col0;
+                let mut s = capped_logit(reg[e], scale, softcap, config) + bias_at(bias, b, h, i, j, config);
+                if comptime!(masked) {
+                    if !(valid[x] && j < end && visible(i, j, q_len, kv_len, window, config)) {
+                        s = f32::new(MASKED);
+                    }
+                }
+                if comptime!(x == 0) {
+                    max0 = max0.max(s);
+                } else {
+                    max1 = max1.max(s);
+                }
+                reg[e] = s;
+            }
+            s_acc[comptime!(nt * 2 + x)] = reg;
+        }
+    }
+    (max0, max1)
+}
+
+/// Turn this lane's logits into `exp(s − max)` in place (masked logits into 0) and return the
+/// lane's partial sums of its two rows.
+#[cube]
+fn tile_probabilities<NC: Size>(s_acc: &mut Array<Vector<f32, NC>>, max0: f32, max1: f32, #[comptime] masked: bool) -> (f32, f32) {
+    let nc = NC::value();
+    let key_tiles = comptime!(TILE_KEYS / 8);
+    let mut sum0 = 0.0f32;
+    let mut sum1 = 0.0f32;
+    #[unroll]
+    for nt in 0..key_tiles {
+        #[unroll]
+        for x in 0..2usize {
+            let mut reg = s_acc[comptime!(nt * 2 + x)];
+            let max = if comptime!(x == 0) { max0 } else { max1 };
+            #[unroll]
+            for e in 0..nc {
+                let mut p = fast_exp(reg[e] - max);
+                if comptime!(masked) {
+                    if reg[e] <= MASKED {
+                        p = 0.0;
+                    }
+                }
+                if comptime!(x == 0) {
+                    sum0 += p;
+                } else {
+                    sum1 += p;
+                }
+                reg[e] = p;
+            }
+            s_acc[comptime!(nt * 2 + x)] = reg;
+        }
+    }
+    (sum0, sum1)
+}
+
+/// Maximum over the four lanes of a quad (which together hold one accumulator row).
+#[cube]
+fn quad_max(x: f32) -> f32 {
+    let y = x.max(plane_shuffle_xor(x, 1u32));
+    y.max(plane_shuffle_xor(y, 2u32))
+}
+
+/// Sum over the four lanes of a quad.
+#[cube]
+fn quad_sum(x: f32) -> f32 {
+    let y = x + plane_shuffle_xor(x, 1u32);
+    y + plane_shuffle_xor(y, 2u32)
 }
 
 /// Grid as the portable forward (x = blocks of packed rows, y = kv head, z = batch) with
-/// `PLANES × 16` rows per cube; cube `(plane size, PLANES)`.
+/// `planes × 16` rows per cube; cube `(32, planes)`. K and V need a unit last stride, other
+/// strides that are multiples of 8 elements and 16-byte aligned starts (the host checks).
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn mma_forward_kernel<F: Float>(
@@ -46,6 +225,7 @@ pub(super) fn mma_forward_kernel<F: Float>(
     softcap: f32,
     window: usize,
     #[comptime] config: AttentionConfig,
+    #[comptime] planes: usize,
     #[define(F)] _dtype: StorageType,
 ) {
     let def = MmaDefinition::<F, F, f32>::new(16usize, 8usize, 16usize);
@@ -54,8 +234,9 @@ pub(super) fn mma_forward_kernel<F: Float>(
     let d_tiles = comptime!(d / 8);
     let key_tiles = comptime!(TILE_KEYS / 8);
     let pv_steps = comptime!(TILE_KEYS / 16);
-    let k_stride = comptime!(d + PAD);
-    let v_stride = comptime!(TILE_KEYS + PAD);
+    let stride = comptime!(d + PAD);
+    let tile_elems = comptime!(TILE_KEYS * (d + PAD));
+    let threads = comptime!(planes * 32);
     let na = def.vector_size(MatrixIdent::A);
     let nb = def.vector_size(MatrixIdent::B);
     let nc = def.vector_size(MatrixIdent::Accumulator);
@@ -76,18 +257,28 @@ pub(super) fn mma_forward_kernel<F: Float>(
     let b = CUBE_POS_Z as usize;
     let head_base = kvh * group;
     let packed = group * q_len;
-    let p0 = CUBE_POS_X as usize * comptime!(PLANES * PLANE_ROWS);
+    let p0 = CUBE_POS_X as usize * comptime!(planes * PLANE_ROWS);
     let plane_p0 = p0 + plane * comptime!(PLANE_ROWS);
-    let (i_lo, i_hi) = position_span(p0, cubecl::prelude::min(p0 + comptime!(PLANES * PLANE_ROWS), packed) - 1, q_len);
+    let (i_lo, i_hi) = position_span(p0, cubecl::prelude::min(p0 + comptime!(planes * PLANE_ROWS), packed) - 1, q_len);
     let (start, end) = key_range(i_lo, i_hi, q_len, kv_len, window, config);
+    let (free_lo, free_hi) = unmasked_keys(i_lo, i_hi, q_len, kv_len, window, start, end, config);
 
-    // The two rows this lane holds in accumulators (vector v ↔ row_v), and their columns.
+    // The two rows this lane holds in accumulators (vector x ↔ row x), and their first column.
     let (row0, col0) = def.position_of_nth(lane, 0u32, MatrixIdent::Accumulator);
     let (row1, _) = def.position_of_nth(lane, 2u32, MatrixIdent::Accumulator);
     let (valid0, h0, i0) = packed_row(plane_p0 + row0 as usize, packed, head_base, q_len);
     let (valid1, h1, i1) = packed_row(plane_p0 + row1 as usize, packed, head_base, q_len);
+    let col0 = col0 as usize;
+    let mut rows = Array::<usize>::new(4usize);
+    rows[0] = h0;
+    rows[1] = i0;
+    rows[2] = h1;
+    rows[3] = i1;
+    let mut valid = Array::<bool>::new(2usize);
+    valid[0] = valid0;
+    valid[1] = valid1;
 
-    // Q as A fragments, k-step by k-step.
+    // Q as A fragments, k-step by k-step (rows past the end are 0).
     let mut q_frags = Array::<Vector<F, NA>>::new(comptime!(k_steps * a_vectors));
     #[unroll]
     for ks in 0..k_steps {
@@ -97,9 +288,9 @@ pub(super) fn mma_forward_kernel<F: Float>(
             #[unroll]
             for e in 0..na {
                 let (r, c) = def.position_of_nth(lane, comptime!((vi * na + e) as u32), MatrixIdent::A);
-                let (valid, h, i) = packed_row(plane_p0 + r as usize, packed, head_base, q_len);
+                let (ok, h, i) = packed_row(plane_p0 + r as usize, packed, head_base, q_len);
                 let mut value = F::new(0.0);
-                if valid {
+                if ok {
                     value = q[b * q.stride(0) + h * q.stride(1) + i * q.stride(2) + (comptime!(ks * 16) + c as usize) * q.stride(3)];
                 }
                 reg[e] = value;
@@ -107,15 +298,14 @@ pub(super) fn mma_forward_kernel<F: Float>(
             q_frags[comptime!(ks * a_vectors + vi)] = reg;
         }
     }
-    // Where this lane's B elements sit in a K row / V column (k index, n index).
-    let mut b_k = Array::<u32>::new(comptime!(b_vectors * nb));
-    let mut b_n = Array::<u32>::new(comptime!(b_vectors * nb));
-    #[unroll]
-    for n in 0..comptime!(b_vectors * nb) {
-        let (kk, nn) = def.position_of_nth(lane, comptime!(n as u32), MatrixIdent::B);
-        b_k[n] = kk;
-        b_n[n] = nn;
-    }
+
+    // `ldmatrix.x4`: lane l gives the address of row l % 8 of matrix l / 8. For Kᵀ the matrices
+    // are (key tile 2p + m / 2, head-dim half m % 2); for V (key half m % 2, head-dim tile
+    // 2p + m / 2); either way matrices 0, 1 and 2, 3 are the two B fragments of a product pair.
+    let ld_row = (lane % 8) as usize;
+    let ld_matrix = (lane / 8) as usize;
+    let k_ld = ((ld_matrix / 2) * 8 + ld_row) * stride + (ld_matrix % 2) * 8;
+    let v_ld = ((ld_matrix % 2) * 8 + ld_row) * stride + (ld_matrix / 2) * 8;
 
     let mut o_acc = Array::<Vector<f32, NC>>::new(comptime!(d_tiles * c_vectors));
     #[unroll]
@@ -125,41 +315,44 @@ pub(super) fn mma_forward_kernel<F: Float>(
     let mut s_acc = Array::<Vector<f32, NC>>::new(comptime!(key_tiles * c_vectors));
     let mut a = Array::<Vector<F, NA>>::new(a_vectors);
     let mut bf = Array::<Vector<F, NB>>::new(b_vectors);
-    let mut c = Array::<Vector<f32, NC>>::new(c_vectors);
+    let mut c_lo = Array::<Vector<f32, NC>>::new(c_vectors);
+    let mut c_hi = Array::<Vector<f32, NC>>::new(c_vectors);
     let mut m0 = f32::new(MASKED);
     let mut m1 = f32::new(MASKED);
     let mut l0 = 0.0f32;
     let mut l1 = 0.0f32;
 
-    let mut k_tile = SharedMemory::<F>::new(comptime!(TILE_KEYS * k_stride));
-    let mut v_tile = SharedMemory::<F>::new(comptime!(d * v_stride));
-    let mut tile = start;
-    while tile < end {
-        sync_cube();
-        // Stage K row-major and V transposed; keys past `end` are 0.
-        let mut t = UNIT_POS as usize;
-        while t < comptime!(TILE_KEYS * d) {
-            let key = t / d;
-            let col = t % d;
-            let j = tile + key;
-            let mut kv = F::new(0.0);
-            let mut vv = F::new(0.0);
-            if j < end {
-                kv = k[b * k.stride(0) + kvh * k.stride(1) + j * k.stride(2) + col * k.stride(3)];
-                vv = v[b * v.stride(0) + kvh * v.stride(1) + j * v.stride(2) + col * v.stride(3)];
-            }
-            k_tile[key * k_stride + col] = kv;
-            v_tile[col * v_stride + key] = vv;
-            t += comptime!(PLANES * 32);
-        }
-        sync_cube();
+    // Buffer n (0 or 1) holds K at `2n · tile_elems` and V right after it.
+    let mut smem = SharedMemory::<F>::new_aligned(comptime!(4 * tile_elems), 16usize);
+    let barrier = Barrier::shared(CUBE_DIM, UNIT_POS == 0);
+    let k_base = b * k.stride(0) + kvh * k.stride(1);
+    let v_base = b * v.stride(0) + kvh * v.stride(1);
+    if start < end {
+        stage_tile(k, &mut smem, 0usize, k_base, start, end, d, threads);
+        stage_tile(v, &mut smem, tile_elems, v_base, start, end, d, threads);
+    }
+    barrier.commit_copy_async();
+    barrier.arrive_and_wait();
 
-        // S = Q Kᵀ, one 16×8 tile of keys at a time.
+    let mut tile = start;
+    let mut buffer = 0usize;
+    while tile < end {
+        let next = tile + TILE_KEYS;
+        if next < end {
+            let other = (1 - buffer) * comptime!(2 * tile_elems);
+            stage_tile(k, &mut smem, other, k_base, next, end, d, threads);
+            stage_tile(v, &mut smem, other + tile_elems, v_base, next, end, d, threads);
+        }
+        let k_tile = buffer * comptime!(2 * tile_elems);
+        let v_tile = k_tile + tile_elems;
+
+        // S = Q Kᵀ, two 16×8 key tiles per `ldmatrix.x4`.
         #[unroll]
-        for nt in 0..key_tiles {
+        for pair in 0..comptime!(key_tiles / 2) {
             #[unroll]
             for x in 0..c_vectors {
-                c[x] = Vector::new(0.0);
+                c_lo[x] = Vector::new(0.0);
+                c_hi[x] = Vector::new(0.0);
             }
             #[unroll]
             for ks in 0..k_steps {
@@ -167,94 +360,41 @@ pub(super) fn mma_forward_kernel<F: Float>(
                 for vi in 0..a_vectors {
                     a[vi] = q_frags[comptime!(ks * a_vectors + vi)];
                 }
-                #[unroll]
-                for vi in 0..b_vectors {
-                    let mut reg = Vector::<F, NB>::empty();
-                    #[unroll]
-                    for e in 0..nb {
-                        let n = comptime!(vi * nb + e);
-                        reg[e] = k_tile[(comptime!(nt * 8) + b_n[n] as usize) * k_stride + comptime!(ks * 16) + b_k[n] as usize];
-                    }
-                    bf[vi] = reg;
-                }
-                def.execute_inplace(&a, &bf, &mut c);
+                let at = k_tile + comptime!(pair * 16 * (d + PAD) + ks * 16) + k_ld;
+                let regs = def.load_matrix::<F, NB>(&smem.slice(at, at + CHUNK), MatrixIdent::B, 4usize, false);
+                bf[0] = regs[0];
+                bf[1] = regs[1];
+                def.execute_inplace(&a, &bf, &mut c_lo);
+                bf[0] = regs[2];
+                bf[1] = regs[3];
+                def.execute_inplace(&a, &bf, &mut c_hi);
             }
             #[unroll]
             for x in 0..c_vectors {
-                s_acc[comptime!(nt * c_vectors + x)] = c[x];
+                s_acc[comptime!(2 * pair * c_vectors + x)] = c_lo[x];
+                s_acc[comptime!((2 * pair + 1) * c_vectors + x)] = c_hi[x];
             }
         }
 
-        // Logits, masks and the running maximum of both rows.
-        let mut max0 = f32::new(MASKED);
-        let mut max1 = f32::new(MASKED);
-        #[unroll]
-        for nt in 0..key_tiles {
-            #[unroll]
-            for x in 0..c_vectors {
-                let mut reg = s_acc[comptime!(nt * c_vectors + x)];
-                #[unroll]
-                for e in 0..nc {
-                    let j = tile + comptime!(nt * 8 + e) + col0 as usize;
-                    let mut s = f32::new(MASKED);
-                    if comptime!(x == 0) {
-                        if valid0 && j < end && visible(i0, j, q_len, kv_len, window, config) {
-                            s = capped_logit(reg[e], scale, softcap, config) + bias_at(bias, b, h0, i0, j, config);
-                            max0 = max0.max(s);
-                        }
-                    } else {
-                        if valid1 && j < end && visible(i1, j, q_len, kv_len, window, config) {
-                            s = capped_logit(reg[e], scale, softcap, config) + bias_at(bias, b, h1, i1, j, config);
-                            max1 = max1.max(s);
-                        }
-                    }
-                    reg[e] = s;
-                }
-                s_acc[comptime!(nt * c_vectors + x)] = reg;
-            }
-        }
-        // A row is spread over the four lanes of a quad.
-        max0 = max0.max(plane_shuffle_xor(max0, 1u32));
-        max0 = max0.max(plane_shuffle_xor(max0, 2u32));
-        max1 = max1.max(plane_shuffle_xor(max1, 1u32));
-        max1 = max1.max(plane_shuffle_xor(max1, 2u32));
-        let new0 = m0.max(max0);
-        let new1 = m1.max(max1);
-        let alpha0 = (m0 - new0).exp();
-        let alpha1 = (m1 - new1).exp();
+        // Online softmax; the mask only where a tile crosses an edge.
+        let masked = tile < free_lo || next > free_hi;
+        let (max0, max1) = if masked {
+            tile_logits::<F, NC>(&mut s_acc, bias, b, &rows, &valid, tile, col0, end, q_len, kv_len, window, scale, softcap, config, true)
+        } else {
+            tile_logits::<F, NC>(&mut s_acc, bias, b, &rows, &valid, tile, col0, end, q_len, kv_len, window, scale, softcap, config, false)
+        };
+        let new0 = m0.max(quad_max(max0));
+        let new1 = m1.max(quad_max(max1));
+        let alpha0 = fast_exp(m0 - new0);
+        let alpha1 = fast_exp(m1 - new1);
         m0 = new0;
         m1 = new1;
-
-        let mut sum0 = 0.0f32;
-        let mut sum1 = 0.0f32;
-        #[unroll]
-        for nt in 0..key_tiles {
-            #[unroll]
-            for x in 0..c_vectors {
-                let mut reg = s_acc[comptime!(nt * c_vectors + x)];
-                #[unroll]
-                for e in 0..nc {
-                    let mut p = 0.0f32;
-                    if comptime!(x == 0) {
-                        if reg[e] > MASKED {
-                            p = (reg[e] - new0).exp();
-                        }
-                        sum0 += p;
-                    } else {
-                        if reg[e] > MASKED {
-                            p = (reg[e] - new1).exp();
-                        }
-                        sum1 += p;
-                    }
-                    reg[e] = p;
-                }
-                s_acc[comptime!(nt * c_vectors + x)] = reg;
-            }
-        }
-        sum0 += plane_shuffle_xor(sum0, 1u32);
-        sum0 += plane_shuffle_xor(sum0, 2u32);
-        sum1 += plane_shuffle_xor(sum1, 1u32);
-        sum1 += plane_shuffle_xor(sum1, 2u32);
+        let (sum0, sum1) = if masked {
+            tile_probabilities::<NC>(&mut s_acc, new0, new1, true)
+        } else {
+            tile_probabilities::<NC>(&mut s_acc, new0, new1, false)
+        };
+        // Each lane keeps its partial row sums; the quad adds them up once at the end.
         l0 = l0 * alpha0 + sum0;
         l1 = l1 * alpha1 + sum1;
         #[unroll]
@@ -277,31 +417,36 @@ pub(super) fn mma_forward_kernel<F: Float>(
                 a[vi] = reg;
             }
             #[unroll]
-            for dt in 0..d_tiles {
-                #[unroll]
-                for vi in 0..b_vectors {
-                    let mut reg = Vector::<F, NB>::empty();
-                    #[unroll]
-                    for e in 0..nb {
-                        let n = comptime!(vi * nb + e);
-                        reg[e] = v_tile[(comptime!(dt * 8) + b_n[n] as usize) * v_stride + comptime!(ps * 16) + b_k[n] as usize];
-                    }
-                    bf[vi] = reg;
-                }
+            for pair in 0..comptime!(d_tiles / 2) {
+                let at = v_tile + comptime!(ps * 16 * (d + PAD) + pair * 16) + v_ld;
+                let regs = def.load_matrix::<F, NB>(&smem.slice(at, at + CHUNK), MatrixIdent::B, 4usize, true);
                 #[unroll]
                 for x in 0..c_vectors {
-                    c[x] = o_acc[comptime!(dt * c_vectors + x)];
+                    c_lo[x] = o_acc[comptime!(2 * pair * c_vectors + x)];
+                    c_hi[x] = o_acc[comptime!((2 * pair + 1) * c_vectors + x)];
                 }
-                def.execute_inplace(&a, &bf, &mut c);
+                bf[0] = regs[0];
+                bf[1] = regs[1];
+                def.execute_inplace(&a, &bf, &mut c_lo);
+                bf[0] = regs[2];
+                bf[1] = regs[3];
+                def.execute_inplace(&a, &bf, &mut c_hi);
                 #[unroll]
                 for x in 0..c_vectors {
-                    o_acc[comptime!(dt * c_vectors + x)] = c[x];
+                    o_acc[comptime!(2 * pair * c_vectors + x)] = c_lo[x];
+                    o_acc[comptime!((2 * pair + 1) * c_vectors + x)] = c_hi[x];
                 }
             }
         }
-        tile += TILE_KEYS;
+        // Lands tile n + 1 and frees this buffer for tile n + 2.
+        barrier.commit_copy_async();
+        barrier.arrive_and_wait();
+        tile = next;
+        buffer = 1 - buffer;
     }
 
+    l0 = quad_sum(l0);
+    l1 = quad_sum(l1);
     let mut inv0 = 0.0f32;
     let mut inv1 = 0.0f32;
     if l0 > 0.0 {
@@ -316,7 +461,7 @@ pub(super) fn mma_forward_kernel<F: Float>(
     for dt in 0..d_tiles {
         #[unroll]
         for e in 0..nc {
-            let col = comptime!(dt * 8 + e) + col0 as usize;
+            let col = comptime!(dt * 8 + e) + col0;
             if valid0 {
                 out[base0 + col] = F::cast_from(o_acc[comptime!(dt * c_vectors)][e] * inv0);
             }

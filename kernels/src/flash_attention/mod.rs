@@ -670,6 +670,8 @@ pub struct AttentionPlan {
     pub split_len: usize,
     /// Run the forward on tensor cores ([`mma`]); otherwise the portable kernel.
     pub tensor_cores: bool,
+    /// Planes (16 query rows each) per cube of the tensor-core forward.
+    pub planes: usize,
 }
 
 /// Shapes of one attention problem.
@@ -707,8 +709,10 @@ impl AttentionPlan {
     /// splits when the packed rows alone give fewer cubes than the device has multiprocessors.
     ///
     /// The forward runs on tensor cores when the runtime offers `mma.sync` m16n8k16 for `dtype`
-    /// (f16/bf16 on CUDA sm_80+), the head size is a multiple of 16 up to 128, and the KV length is
-    /// not split. `KILN_ATTENTION_PORTABLE=1` forces the portable kernel (for comparisons).
+    /// and `cp.async` (f16/bf16 on CUDA sm_80+), the head size is a multiple of 16 up to 128, and
+    /// the KV length is not split. `KILN_ATTENTION_PORTABLE=1` forces the portable kernel and
+    /// `KILN_ATTENTION_PLANES=8` eight planes per tensor-core cube instead of four (both for
+    /// measurements).
     pub fn new<R: Runtime>(
         client: &ComputeClient<R>,
         shape: AttentionShape,
@@ -743,13 +747,17 @@ impl AttentionPlan {
         let split_len = tiles.div_ceil(splits) * config.block_k;
         let splits = shape.kv_len.div_ceil(split_len.max(1)).max(1);
         let portable = std::env::var("KILN_ATTENTION_PORTABLE").is_ok_and(|v| v == "1");
-        let tensor_cores = splits == 1 && !portable && tensor_cores(client, dtype, shape.head_dim, limit);
-        Ok(Self { config, splits, split_len, tensor_cores })
+        let tensor_cores = splits == 1 && !portable && tensor_cores(client, dtype, shape.head_dim);
+        let planes = match std::env::var("KILN_ATTENTION_PLANES").as_deref() {
+            Ok("8") => 8,
+            _ => 4,
+        };
+        Ok(Self { config, splits, split_len, tensor_cores, planes })
     }
 }
 
 /// Whether the tensor-core forward can run `dtype` heads of `head_dim` on `client`.
-fn tensor_cores<R: Runtime>(client: &ComputeClient<R>, dtype: StorageType, head_dim: usize, shared_limit: usize) -> bool {
+fn tensor_cores<R: Runtime>(client: &ComputeClient<R>, dtype: StorageType, head_dim: usize) -> bool {
     let props = client.properties();
     let half = matches!(dtype, StorageType::Scalar(ElemType::Float(FloatKind::F16 | FloatKind::BF16)));
     let f32_type = StorageType::Scalar(ElemType::Float(FloatKind::F32));
@@ -759,12 +767,15 @@ fn tensor_cores<R: Runtime>(client: &ComputeClient<R>, dtype: StorageType, head_
         && head_dim % 16 == 0
         && head_dim <= 128
         && props.features.matmul.mma.contains(&mma)
-        && mma::shared_bytes(head_dim, dtype.size()) <= shared_limit
+        && props.features.copy_async
+        && mma::shared_bytes(head_dim, dtype.size()) <= props.hardware.max_shared_memory_size
 }
 
 /// Tensors of a forward launch. With `plan.splits > 1`, `out` is f32 `[splits, batch, q_heads,
 /// q_len, d]` and `lse` f32 `[splits, batch, q_heads, q_len]` (merge them with
 /// [`launch_combine`]); otherwise `out` is contiguous `[batch, q_heads, q_len, d]` in `out_dtype`.
+/// With `plan.tensor_cores`, K and V must have a unit last stride, strides that are multiples of
+/// 8 elements and 16-byte aligned starts: the kernel copies their rows 16 bytes at a time.
 pub struct ForwardArgs<R: Runtime> {
     pub q: TensorArg<R>,
     pub k: TensorArg<R>,
@@ -797,14 +808,15 @@ pub fn launch_forward<R: Runtime>(
 ) {
     let group = shape.q_heads / shape.kv_heads;
     if plan.tensor_cores {
-        let rows = mma::PLANES * mma::PLANE_ROWS;
-        // SAFETY: as below; the plan checked that the runtime has m16n8k16 MMA for `dtype`,
-        // 32-lane planes and the shared memory, and `out` is the final `[b, hq, sq, d]` output.
+        let rows = plan.planes * mma::PLANE_ROWS;
+        // SAFETY: as below; the plan checked that the runtime has m16n8k16 MMA and `cp.async`
+        // for `dtype`, 32-lane planes and the shared memory; `out` is the final `[b, hq, sq, d]`
+        // output, and K/V rows are 16-byte copyable (see `ForwardArgs`).
         unsafe {
             mma::mma_forward_kernel::launch_unchecked::<R>(
                 client,
                 grid(shape, rows, group * shape.q_len, 1),
-                CubeDim::new_2d(32, mma::PLANES as u32),
+                CubeDim::new_2d(32, plan.planes as u32),
                 args.q,
                 args.k,
                 args.v,
@@ -815,6 +827,7 @@ pub fn launch_forward<R: Runtime>(
                 features.softcap.unwrap_or(1.0),
                 features.window.unwrap_or(0),
                 plan.config,
+                plan.planes,
                 dtype,
             )
         };

@@ -31,6 +31,19 @@ fn plan<R: CubeRuntime>(q: &CubeTensor<R>, shape: AttentionShape, features: Atte
     })
 }
 
+/// Whether the tensor-core forward can copy the rows of `t` 16 bytes at a time: unit last
+/// stride, strides of the other (non-unit) dims multiples of 8 elements, a 16-byte aligned start.
+fn rows_copyable<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
+    let (shape, strides) = (t.meta.shape(), t.meta.strides());
+    let aligned = |i: usize| shape[i] == 1 || (strides[i] * t.dtype.size()) % 16 == 0;
+    strides[3] == 1 && (0..3).all(aligned) && t.handle.offset_start.unwrap_or(0) % 16 == 0
+}
+
+/// K or V as the tensor-core forward reads them (a contiguous copy when the view is not).
+fn copyable<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
+    if rows_copyable(&t) { t } else { burn_cubecl::kernel::into_contiguous(t) }
+}
+
 /// Nothing to launch for empty problems; the grid's y/z dimensions hold heads and batch.
 fn launchable(shape: &AttentionShape) -> bool {
     let sizes = [shape.batch, shape.q_heads, shape.q_len, shape.kv_len, shape.head_dim];
@@ -50,7 +63,9 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashAtten
             return reference::forward::<Self>(q, k, v, bias, options);
         }
         let features = features(&options, bias.is_some());
-        let plan = plan(&q, shape, features);
+        let mut plan = plan(&q, shape, features);
+        let (k, v) = if plan.tensor_cores { (copyable(k), copyable(v)) } else { (k, v) };
+        plan.tensor_cores &= rows_copyable(&k) && rows_copyable(&v);
         let client = q.client.clone();
         let dtype = storage(&q);
         let stats = [shape.batch, shape.q_heads, shape.q_len];
