@@ -56,6 +56,8 @@ fn parity(device: &CudaDevice, filter: &str) -> bool {
             AttentionCase { options: causal, ..AttentionCase::new(1, 32, 8, 1, 4000, 128) },
             AttentionCase { options: causal.with_window(64).with_softcap(30.0), bias: true, ..AttentionCase::new(1, 4, 2, 65, 300, 96) },
             AttentionCase { options: causal, ..AttentionCase::new(1, 2, 1, 100, 37, 80) },
+            AttentionCase::new(1, 8, 1, 1000, 1000, 128),
+            AttentionCase { options: causal, ..AttentionCase::new(2, 4, 2, 100, 1000, 128) },
         ];
         for case in attention {
             report(format!("attention {case:?} {dtype:?}"), &|| run_check(&case, device, dtype));

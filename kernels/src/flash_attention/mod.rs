@@ -747,17 +747,17 @@ impl AttentionPlan {
         let split_len = tiles.div_ceil(splits) * config.block_k;
         let splits = shape.kv_len.div_ceil(split_len.max(1)).max(1);
         let portable = std::env::var("KILN_ATTENTION_PORTABLE").is_ok_and(|v| v == "1");
-        let tensor_cores = splits == 1 && !portable && tensor_cores(client, dtype, shape.head_dim);
         let planes = match std::env::var("KILN_ATTENTION_PLANES").as_deref() {
             Ok("8") => 8,
             _ => 4,
         };
+        let tensor_cores = splits == 1 && !portable && tensor_cores(client, dtype, shape.head_dim, planes);
         Ok(Self { config, splits, split_len, tensor_cores, planes })
     }
 }
 
 /// Whether the tensor-core forward can run `dtype` heads of `head_dim` on `client`.
-fn tensor_cores<R: Runtime>(client: &ComputeClient<R>, dtype: StorageType, head_dim: usize) -> bool {
+fn tensor_cores<R: Runtime>(client: &ComputeClient<R>, dtype: StorageType, head_dim: usize, planes: usize) -> bool {
     let props = client.properties();
     let half = matches!(dtype, StorageType::Scalar(ElemType::Float(FloatKind::F16 | FloatKind::BF16)));
     let f32_type = StorageType::Scalar(ElemType::Float(FloatKind::F32));
@@ -768,7 +768,7 @@ fn tensor_cores<R: Runtime>(client: &ComputeClient<R>, dtype: StorageType, head_
         && head_dim <= 128
         && props.features.matmul.mma.contains(&mma)
         && props.features.copy_async
-        && mma::shared_bytes(head_dim, dtype.size()) <= props.hardware.max_shared_memory_size
+        && mma::shared_bytes(head_dim, dtype.size(), planes) <= props.hardware.max_shared_memory_size
 }
 
 /// Tensors of a forward launch. With `plan.splits > 1`, `out` is f32 `[splits, batch, q_heads,
@@ -813,7 +813,7 @@ pub fn launch_forward<R: Runtime>(
         // for `dtype`, 32-lane planes and the shared memory; `out` is the final `[b, hq, sq, d]`
         // output, and K/V rows are 16-byte copyable (see `ForwardArgs`).
         unsafe {
-            mma::mma_forward_kernel::launch_unchecked::<R>(
+            mma::forward::mma_forward_kernel::launch_unchecked::<R>(
                 client,
                 grid(shape, rows, group * shape.q_len, 1),
                 CubeDim::new_2d(32, plan.planes as u32),
@@ -882,6 +882,8 @@ pub fn launch_combine<R: Runtime>(
 
 /// Tensors of the backward: the forward's inputs, its output gradient `d_out`, its `lse` and
 /// `delta = Σ d_out · out` per row (both f32 `[batch, q_heads, q_len]`); gradients contiguous.
+/// With `plan.tensor_cores`, q, k, v and d_out need the forward's K/V layout (16-byte copyable
+/// rows, see [`ForwardArgs`]), and lse/delta are contiguous.
 pub struct BackwardArgs<R: Runtime> {
     pub q: TensorArg<R>,
     pub k: TensorArg<R>,
@@ -910,6 +912,54 @@ pub fn launch_backward<R: Runtime>(
 ) {
     let config = plan.config;
     let group = shape.q_heads / shape.kv_heads;
+    if plan.tensor_cores {
+        let rows = plan.planes * mma::PLANE_ROWS;
+        let (softcap, window) = (features.softcap.unwrap_or(1.0), features.window.unwrap_or(0));
+        // SAFETY: as for the tensor-core forward; Q, K, V and dO rows are 16-byte copyable
+        // (see `BackwardArgs`) and the gradients contiguous and shaped like their inputs.
+        unsafe {
+            mma::backward::mma_backward_q_kernel::launch_unchecked::<R>(
+                client,
+                grid(shape, rows, group * shape.q_len, 1),
+                CubeDim::new_2d(32, plan.planes as u32),
+                for_dq.q,
+                for_dq.k,
+                for_dq.v,
+                for_dq.bias,
+                for_dq.d_out,
+                for_dq.lse,
+                for_dq.delta,
+                dq,
+                scale,
+                softcap,
+                window,
+                config,
+                plan.planes,
+                dtype,
+            );
+            mma::backward::mma_backward_kv_kernel::launch_unchecked::<R>(
+                client,
+                grid(shape, rows, shape.kv_len, 1),
+                CubeDim::new_2d(32, plan.planes as u32),
+                for_dkv.q,
+                for_dkv.k,
+                for_dkv.v,
+                for_dkv.bias,
+                for_dkv.d_out,
+                for_dkv.lse,
+                for_dkv.delta,
+                dk,
+                dv,
+                scale,
+                softcap,
+                window,
+                config,
+                plan.planes,
+                dtype,
+            );
+        }
+        return;
+    }
     // The dK/dV kernel's rows are keys (`block_q` of them) and its tiles queries (`block_k`).
     let kv_config = AttentionConfig { block_q: BLOCK_ROWS, block_k: config.block_k.min(32), ..config };
     // SAFETY: as for the forward; gradients are contiguous and shaped like their inputs.

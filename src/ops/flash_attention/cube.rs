@@ -31,7 +31,7 @@ fn plan<R: CubeRuntime>(q: &CubeTensor<R>, shape: AttentionShape, features: Atte
     })
 }
 
-/// Whether the tensor-core forward can copy the rows of `t` 16 bytes at a time: unit last
+/// Whether the tensor-core kernels can copy the rows of `t` 16 bytes at a time: unit last
 /// stride, strides of the other (non-unit) dims multiples of 8 elements, a 16-byte aligned start.
 fn rows_copyable<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
     let (shape, strides) = (t.meta.shape(), t.meta.strides());
@@ -39,7 +39,7 @@ fn rows_copyable<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
     strides[3] == 1 && (0..3).all(aligned) && t.handle.offset_start.unwrap_or(0) % 16 == 0
 }
 
-/// K or V as the tensor-core forward reads them (a contiguous copy when the view is not).
+/// An input as the tensor-core kernels read it (a contiguous copy when the view is not).
 fn copyable<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
     if rows_copyable(&t) { t } else { burn_cubecl::kernel::into_contiguous(t) }
 }
@@ -123,7 +123,9 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashAtten
             return reference::backward::<Self>(q, k, v, bias, output, lse, d_output, options);
         }
         let features = features(&options, bias.is_some());
-        let plan = plan(&q, shape, features);
+        let mut plan = plan(&q, shape, features);
+        let [q, k, v, d_output] = if plan.tensor_cores { [q, k, v, d_output].map(copyable) } else { [q, k, v, d_output] };
+        plan.tensor_cores &= [&q, &k, &v, &d_output].into_iter().all(rows_copyable);
         let client = q.client.clone();
         let dtype = storage(&q);
         let delta = row_dot::<R, F, I, BT>(d_output.clone(), output, [shape.batch, shape.q_heads, shape.q_len]);

@@ -1,0 +1,377 @@
+//! Flash attention on tensor cores (CUDA `mma.sync` m16n8k16, f16/bf16 in, f32 accumulate),
+//! FlashAttention-2 style: the forward ([`forward`]) and the backward's dQ and dK/dV kernels
+//! ([`backward`]) share the fragment plumbing of this module.
+//!
+//! Register layout of `mma.sync.m16n8k16` on CUDA, lane `= 4g + t`:
+//! - accumulator (16×8 f32): vector `v` of the lane holds row `g + 8v`, columns `2t, 2t + 1`;
+//! - A (16×16): vector `v` holds row `g + 8(v % 2)`, columns `2t + 8(v / 2)` and the next one;
+//! - B (16×8): vector `v` holds column `g`, rows `2t + 8v` and the next one.
+//!
+//! So the two accumulator tiles of columns `[16s, 16s + 8)` and `[16s + 8, 16s + 16)` are, vector
+//! for vector, the A fragment of k-step `s` of the next product: probabilities and logit
+//! gradients become A operands by a cast, without leaving registers.
+//!
+//! Data movement:
+//! - Tiles of 64 rows arrive by 16-byte `cp.async` copies into two shared-memory buffers: the
+//!   copies of tile `n + 1` fly while tile `n` is computed, and one mbarrier wait per tile both
+//!   lands them and tells every plane that the other buffer is free again.
+//! - Tiles stay row-major (one key or query per row, rows padded by 16 bytes, which puts the
+//!   eight rows of an `ldmatrix` on distinct banks). `ldmatrix.x4` reads a row-major tile as the
+//!   B fragments of `X·Tileᵀ` ([`scores`]) or, transposed, of `P·Tile` ([`accumulate`]).
+
+pub(super) mod backward;
+pub(super) mod forward;
+
+use super::{AttentionConfig, key_range, packed_row, position_span, visible};
+use cubecl::cmma::{MatrixIdent, MmaDefinition};
+use cubecl::prelude::barrier::copy_async_checked;
+use cubecl::prelude::*;
+
+/// Rows one plane owns (the MMA's m).
+pub(super) const PLANE_ROWS: usize = 16;
+/// Rows (keys, or queries in the dK/dV kernel) per streamed shared-memory tile.
+pub(super) const TILE: usize = 64;
+/// Padding of shared-memory rows, in elements (16 bytes).
+const PAD: usize = 8;
+/// Elements per 16-byte copy.
+const CHUNK: usize = 8;
+
+/// Shared memory the largest of the kernels (forward, dQ, dK/dV) needs per cube, in bytes, for
+/// heads of `head_dim`, `elem_size`-byte elements and `planes` planes.
+pub(super) fn shared_bytes(head_dim: usize, elem_size: usize, planes: usize) -> usize {
+    let streamed = 4 * tile_elems(TILE, head_dim);
+    let keys = 2 * tile_elems(planes * PLANE_ROWS, head_dim);
+    let barrier_and_stats = 64 + 4 * 4 * TILE;
+    elem_size * (streamed + keys) + barrier_and_stats
+}
+
+/// Elements of one padded `rows × head_dim` tile.
+pub(super) const fn tile_elems(rows: usize, head_dim: usize) -> usize {
+    rows * (head_dim + PAD)
+}
+
+/// The `mma.sync` shape every kernel here uses.
+#[cube]
+pub(super) fn mma_shape<F: Float>() -> MmaDefinition<F, F, f32> {
+    MmaDefinition::<F, F, f32>::new(16usize, 8usize, 16usize)
+}
+
+/// `exp` through the hardware approximation (`ex2.approx`): its relative error (~1e-6 over the
+/// range of `s − max`) is far below the bf16/f16 rounding of the probabilities it feeds.
+#[cube(fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf)]
+pub(super) fn fast_exp(x: f32) -> f32 {
+    x.exp()
+}
+
+/// Maximum over the four lanes of a quad (which together hold one accumulator row).
+#[cube]
+pub(super) fn quad_max(x: f32) -> f32 {
+    let y = x.max(plane_shuffle_xor(x, 1u32));
+    y.max(plane_shuffle_xor(y, 2u32))
+}
+
+/// Sum over the four lanes of a quad.
+#[cube]
+pub(super) fn quad_sum(x: f32) -> f32 {
+    let y = x + plane_shuffle_xor(x, 1u32);
+    y + plane_shuffle_xor(y, 2u32)
+}
+
+/// This lane's `ldmatrix.x4` row address, relative to a 16×16 block of a row-major tile, for the
+/// B fragments of `X·Tileᵀ`: matrix `m` is (row tile `m / 2`, column half `m % 2`), so matrices
+/// 0, 1 and 2, 3 are the B fragments of two neighbouring 8-row tiles.
+#[cube]
+pub(super) fn ld_rows_by_halves(#[comptime] d: usize) -> usize {
+    let lane = UNIT_POS_PLANE as usize;
+    let m = lane / 8;
+    ((m / 2) * 8 + lane % 8) * comptime!(d + PAD) + (m % 2) * 8
+}
+
+/// This lane's `ldmatrix.x4` row address for a 16×16 block read as the A fragment of a
+/// row-major tile, or (transposed) as the B fragments of `P·Tile` for two neighbouring 8-column
+/// tiles: matrix `m` is (row half `m % 2`, column tile `m / 2`).
+#[cube]
+pub(super) fn ld_halves_by_columns(#[comptime] d: usize) -> usize {
+    let lane = UNIT_POS_PLANE as usize;
+    let m = lane / 8;
+    ((m % 2) * 8 + lane % 8) * comptime!(d + PAD) + (m / 2) * 8
+}
+
+/// Issue the `cp.async` copies of rows `[first, first + rows)` of `src` (row `r` at
+/// `base + r · stride(2)`, unit last stride) into the padded tile at `dst`; rows at or past `end`
+/// are zero-filled. Every unit of the cube takes part.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn stage_tile<F: Float>(
+    src: &Tensor<F>,
+    smem: &mut SharedMemory<F>,
+    dst: usize,
+    base: usize,
+    first: usize,
+    end: usize,
+    #[comptime] rows: usize,
+    #[comptime] d: usize,
+    #[comptime] threads: usize,
+) {
+    let chunks = comptime!(d / CHUNK);
+    let total = comptime!(rows * d / CHUNK);
+    let stride = comptime!(d + PAD);
+    let mut c = UNIT_POS as usize;
+    #[unroll]
+    for _ in 0..comptime!(total.div_ceil(threads)) {
+        if c < total {
+            let row = c / chunks;
+            let col = (c % chunks) * CHUNK;
+            let mut src_row = first + row;
+            let mut len = comptime!(CHUNK).runtime();
+            if src_row >= end {
+                // Nothing is read; the copy zero-fills, from a row that exists.
+                src_row = first;
+                len = 0usize;
+            }
+            let from = base + src_row * src.stride(2) + col;
+            let to = dst + row * stride + col;
+            copy_async_checked(&src.slice(from, from + len), &mut smem.slice_mut(to, to + CHUNK), comptime!(CHUNK as u32));
+        }
+        c += threads;
+    }
+}
+
+/// The A fragments (k-step by k-step over `d`) of the 16 packed rows from `plane_p0` of `src`
+/// (`[batch, heads, len, d]`, packed row `p` = head `head_base + p / len`, position `p % len`);
+/// rows past `packed` are 0.
+#[cube]
+pub(super) fn row_fragments<F: Float, NA: Size>(
+    src: &Tensor<F>,
+    b: usize,
+    head_base: usize,
+    plane_p0: usize,
+    packed: usize,
+    #[comptime] d: usize,
+) -> Array<Vector<F, NA>> {
+    let def = mma_shape::<F>();
+    let na = NA::value();
+    let a_vectors = def.vectors_per_lane(MatrixIdent::A);
+    let len = src.shape(2);
+    let lane = UNIT_POS_PLANE;
+    let mut frags = Array::<Vector<F, NA>>::new(comptime!(d / 16 * a_vectors));
+    #[unroll]
+    for ks in 0..comptime!(d / 16) {
+        #[unroll]
+        for vi in 0..a_vectors {
+            let mut reg = Vector::<F, NA>::empty();
+            #[unroll]
+            for e in 0..na {
+                let (r, c) = def.position_of_nth(lane, comptime!((vi * na + e) as u32), MatrixIdent::A);
+                let (ok, h, i) = packed_row(plane_p0 + r as usize, packed, head_base, len);
+                let mut value = F::new(0.0);
+                if ok {
+                    value = src[b * src.stride(0) + h * src.stride(1) + i * src.stride(2) + (comptime!(ks * 16) + c as usize) * src.stride(3)];
+                }
+                reg[e] = value;
+            }
+            frags[comptime!(ks * a_vectors + vi)] = reg;
+        }
+    }
+    frags
+}
+
+/// `acc = X · Tileᵀ` for one plane: X is 16 rows × `d` (A fragments in `a_regs`, or, with
+/// `a_shared`, read by `ldmatrix` from the row-major block at `a_at`), the tile the `TILE`
+/// rows × `d` at `b_tile`. `acc` gets `TILE / 8` accumulator tiles (two vectors each).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn scores<F: Float, NA: Size, NB: Size, NC: Size>(
+    a_regs: &Array<Vector<F, NA>>,
+    smem: &SharedMemory<F>,
+    a_at: usize,
+    b_tile: usize,
+    acc: &mut Array<Vector<f32, NC>>,
+    #[comptime] d: usize,
+    #[comptime] a_shared: bool,
+) {
+    let def = mma_shape::<F>();
+    let b_ld = ld_rows_by_halves(d);
+    let a_ld = ld_halves_by_columns(d);
+    let mut a = Array::<Vector<F, NA>>::new(4usize);
+    let mut bf = Array::<Vector<F, NB>>::new(2usize);
+    let mut regs = Array::<Vector<F, NB>>::new(4usize);
+    let mut c_lo = Array::<Vector<f32, NC>>::new(2usize);
+    let mut c_hi = Array::<Vector<f32, NC>>::new(2usize);
+    #[unroll]
+    for pair in 0..comptime!(TILE / 16) {
+        #[unroll]
+        for x in 0..2usize {
+            c_lo[x] = Vector::new(0.0);
+            c_hi[x] = Vector::new(0.0);
+        }
+        #[unroll]
+        for ks in 0..comptime!(d / 16) {
+            if comptime!(a_shared) {
+                let at = a_at + comptime!(ks * 16) + a_ld;
+                def.load_matrix_inplace::<F, NA>(&smem.slice(at, at + CHUNK), &mut a, MatrixIdent::A, 4usize, false);
+            } else {
+                #[unroll]
+                for vi in 0..4usize {
+                    a[vi] = a_regs[comptime!(ks * 4 + vi)];
+                }
+            }
+            let at = b_tile + comptime!(pair * 16 * (d + PAD) + ks * 16) + b_ld;
+            def.load_matrix_inplace::<F, NB>(&smem.slice(at, at + CHUNK), &mut regs, MatrixIdent::B, 4usize, false);
+            bf[0] = regs[0];
+            bf[1] = regs[1];
+            def.execute_inplace(&a, &bf, &mut c_lo);
+            bf[0] = regs[2];
+            bf[1] = regs[3];
+            def.execute_inplace(&a, &bf, &mut c_hi);
+        }
+        #[unroll]
+        for x in 0..2usize {
+            acc[comptime!(4 * pair + x)] = c_lo[x];
+            acc[comptime!(4 * pair + 2 + x)] = c_hi[x];
+        }
+    }
+}
+
+/// `out += P · Tile` for one plane: P is 16 rows × `TILE` in accumulator layout (`TILE / 8`
+/// tiles, cast to `F` as A fragments), the tile `TILE` rows × `d` at `b_tile`; `out` holds
+/// `d / 8` accumulator tiles.
+#[cube]
+pub(super) fn accumulate<F: Float, NA: Size, NB: Size, NC: Size>(
+    p: &Array<Vector<f32, NC>>,
+    smem: &SharedMemory<F>,
+    b_tile: usize,
+    out: &mut Array<Vector<f32, NC>>,
+    #[comptime] d: usize,
+) {
+    let def = mma_shape::<F>();
+    let na = NA::value();
+    let b_ld = ld_halves_by_columns(d);
+    let mut a = Array::<Vector<F, NA>>::new(4usize);
+    let mut bf = Array::<Vector<F, NB>>::new(2usize);
+    let mut regs = Array::<Vector<F, NB>>::new(4usize);
+    let mut c_lo = Array::<Vector<f32, NC>>::new(2usize);
+    let mut c_hi = Array::<Vector<f32, NC>>::new(2usize);
+    #[unroll]
+    for ps in 0..comptime!(TILE / 16) {
+        #[unroll]
+        for vi in 0..4usize {
+            // A vector vi of k-step ps: row vi % 2 of accumulator tile 2ps + vi / 2.
+            let values = p[comptime!((2 * ps + vi / 2) * 2 + vi % 2)];
+            let mut reg = Vector::<F, NA>::empty();
+            #[unroll]
+            for e in 0..na {
+                reg[e] = F::cast_from(values[e]);
+            }
+            a[vi] = reg;
+        }
+        #[unroll]
+        for pair in 0..comptime!(d / 16) {
+            let at = b_tile + comptime!(ps * 16 * (d + PAD) + pair * 16) + b_ld;
+            def.load_matrix_inplace::<F, NB>(&smem.slice(at, at + CHUNK), &mut regs, MatrixIdent::B, 4usize, true);
+            #[unroll]
+            for x in 0..2usize {
+                c_lo[x] = out[comptime!(4 * pair + x)];
+                c_hi[x] = out[comptime!(4 * pair + 2 + x)];
+            }
+            bf[0] = regs[0];
+            bf[1] = regs[1];
+            def.execute_inplace(&a, &bf, &mut c_lo);
+            bf[0] = regs[2];
+            bf[1] = regs[3];
+            def.execute_inplace(&a, &bf, &mut c_hi);
+            #[unroll]
+            for x in 0..2usize {
+                out[comptime!(4 * pair + x)] = c_lo[x];
+                out[comptime!(4 * pair + 2 + x)] = c_hi[x];
+            }
+        }
+    }
+}
+
+/// Zeroed accumulators: `tiles` 16×8 tiles (two vectors each).
+#[cube]
+pub(super) fn zeros<NC: Size>(#[comptime] tiles: usize) -> Array<Vector<f32, NC>> {
+    let mut acc = Array::<Vector<f32, NC>>::new(comptime!(2 * tiles));
+    #[unroll]
+    for x in 0..comptime!(2 * tiles) {
+        acc[x] = Vector::new(0.0);
+    }
+    acc
+}
+
+/// Whether query `i` sees key `j` and both exist (`i < q_end`, `j < k_end`).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn pair_visible(i: usize, j: usize, q_end: usize, k_end: usize, q_len: usize, kv_len: usize, window: usize, #[comptime] config: AttentionConfig) -> bool {
+    i < q_end && j < k_end && visible(i, j, q_len, kv_len, window, config)
+}
+
+/// Keys `[lo, hi)` that every query position in `[i_lo, i_hi]` sees, within `[start, end)`:
+/// key tiles inside need no mask.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn unmasked_keys(i_lo: usize, i_hi: usize, q_len: usize, kv_len: usize, window: usize, start: usize, end: usize, #[comptime] config: AttentionConfig) -> (usize, usize) {
+    let mut lo = start;
+    let mut hi = end;
+    if comptime!(config.causal) {
+        // Row i sees j ≤ i + kv_len − q_len: all rows see j < i_lo + kv_len + 1 − q_len.
+        hi = 0;
+        if i_lo + kv_len + 1 > q_len {
+            hi = cubecl::prelude::min(i_lo + kv_len + 1 - q_len, end);
+        }
+    }
+    if comptime!(config.window) {
+        // Row i sees j > i + kv_len − q_len − window: all rows see j ≥ i_hi + kv_len + 1 − q_len − window.
+        if i_hi + kv_len + 1 > q_len + window {
+            lo = cubecl::prelude::max(i_hi + kv_len + 1 - q_len - window, start);
+        }
+    }
+    (lo, hi)
+}
+
+/// The forward's and dQ kernel's cube: `planes × 16` packed query rows of one kv head.
+#[derive(CubeType)]
+pub(super) struct RowBlock {
+    pub b: usize,
+    pub kvh: usize,
+    pub head_base: usize,
+    pub packed: usize,
+    /// First packed row of this plane.
+    pub plane_p0: usize,
+    /// Keys `[start, end)` some row sees, and `[free_lo, free_hi)` all rows see.
+    pub start: usize,
+    pub end: usize,
+    pub free_lo: usize,
+    pub free_hi: usize,
+}
+
+/// Locate this cube's rows. Grid: x = blocks of `planes × 16` packed rows, y = kv head,
+/// z = batch: cubes that run together share their K/V in L2. For causal attention the blocks run
+/// in reverse, so that within a head the longest rows start first and the short ones fill in.
+#[cube]
+pub(super) fn row_block(q_heads: usize, q_len: usize, kv_heads: usize, kv_len: usize, window: usize, #[comptime] config: AttentionConfig, #[comptime] planes: usize) -> RowBlock {
+    let group = q_heads / kv_heads;
+    let kvh = CUBE_POS_Y as usize;
+    let b = CUBE_POS_Z as usize;
+    let mut block = CUBE_POS_X as usize;
+    if comptime!(config.causal) {
+        block = CUBE_COUNT_X as usize - 1 - block;
+    }
+    let packed = group * q_len;
+    let p0 = block * comptime!(planes * PLANE_ROWS);
+    let (i_lo, i_hi) = position_span(p0, cubecl::prelude::min(p0 + comptime!(planes * PLANE_ROWS), packed) - 1, q_len);
+    let (start, end) = key_range(i_lo, i_hi, q_len, kv_len, window, config);
+    let (free_lo, free_hi) = unmasked_keys(i_lo, i_hi, q_len, kv_len, window, start, end, config);
+    RowBlock {
+        b,
+        kvh,
+        head_base: kvh * group,
+        packed,
+        plane_p0: p0 + UNIT_POS_Y as usize * PLANE_ROWS,
+        start,
+        end,
+        free_lo,
+        free_hi,
+    }
+}
