@@ -201,6 +201,9 @@ fn parity_tensor_cores(device: &CudaDevice) -> bool {
         // Whole unmasked tiles and a ragged tail; an 8-way group; causal with a cache offset.
         AttentionCase::new(1, 8, 1, 1000, 1000, 128),
         AttentionCase { options: causal, ..AttentionCase::new(2, 4, 2, 100, 1000, 128) },
+        // Decoding and speculative decoding: few packed rows, split KV.
+        AttentionCase { options: causal, ..AttentionCase::new(1, 32, 8, 1, 4000, 128) },
+        AttentionCase { options: causal, ..AttentionCase::new(1, 8, 2, 5, 3000, 64) },
     ];
     for case in cases {
         let start = Instant::now();
@@ -324,6 +327,9 @@ fn bench_attention(device: &CudaDevice, quick: bool, forward_only: bool) {
     let q = rand([1, q_heads, 1, d], device);
     let k = rand([1, kv_heads, cache, d], device);
     let v = rand([1, kv_heads, cache, d], device);
+    let shape = kiln_kernels::flash_attention::AttentionShape { batch: 1, q_heads, kv_heads, q_len: 1, kv_len: cache, head_dim: d };
+    let plan = kiln_kernels::flash_attention::AttentionPlan::new(&client, shape, features, DType::BF16.into()).unwrap();
+    println!("bench attention decode path: {}, {} planes, {} KV splits of {} keys", if plan.tensor_cores { "tensor cores" } else { "portable" }, plan.planes, plan.splits, plan.split_len);
     let t = time(device, 50, || ops::flash_attention(q.clone(), k.clone(), v.clone(), None, AttentionOptions::causal()));
     let bytes = 2.0 * (kv_heads * cache * d) as f64 * 2.0;
     println!("bench kiln attention decode q1 hq{q_heads} hk{kv_heads} cache{cache} d{d}: {:.1} us ({:.0} GB/s of K+V)", t * 1e6, bytes / t / 1e9);

@@ -709,9 +709,9 @@ impl AttentionPlan {
     /// splits when the packed rows alone give fewer cubes than the device has multiprocessors.
     ///
     /// The forward runs on tensor cores when the runtime offers `mma.sync` m16n8k16 for `dtype`
-    /// and `cp.async` (f16/bf16 on CUDA sm_80+), the head size is a multiple of 16 up to 128, and
-    /// the KV length is not split. `KILN_ATTENTION_PORTABLE=1` forces the portable kernel and
-    /// `KILN_ATTENTION_PLANES=8` eight planes per tensor-core cube instead of four (both for
+    /// and `cp.async` (f16/bf16 on CUDA sm_80+) and the head size is a multiple of 16 up to 128;
+    /// its cubes hold up to four planes of 16 packed rows. `KILN_ATTENTION_PORTABLE=1` forces the
+    /// portable kernels and `KILN_ATTENTION_PLANES=8` eight planes per tensor-core cube (both for
     /// measurements).
     pub fn new<R: Runtime>(
         client: &ComputeClient<R>,
@@ -739,19 +739,22 @@ impl AttentionPlan {
             .find(|c| c.forward_shared_bytes() <= limit && c.backward_kv_shared_bytes() <= limit)
             .ok_or(HeadDimTooLarge { head_dim: shape.head_dim, shared_bytes: limit })?;
         let group = shape.q_heads / shape.kv_heads.max(1);
-        let cubes = (group * shape.q_len).div_ceil(config.block_q) * shape.kv_heads * shape.batch;
-        let sms = props.hardware.num_streaming_multiprocessors.unwrap_or(16) as usize;
-        let tiles = shape.kv_len.div_ceil(config.block_k).max(1);
-        // Each split keeps at least four key tiles so the merge stays cheap next to the work.
-        let splits = if cubes >= sms { 1 } else { (2 * sms).div_ceil(cubes).min(tiles.div_ceil(4)).max(1) };
-        let split_len = tiles.div_ceil(splits) * config.block_k;
-        let splits = shape.kv_len.div_ceil(split_len.max(1)).max(1);
+        let packed = group * shape.q_len;
         let portable = std::env::var("KILN_ATTENTION_PORTABLE").is_ok_and(|v| v == "1");
+        // Short packed rows (decoding) fill fewer planes; the KV splits fill the GPU instead.
         let planes = match std::env::var("KILN_ATTENTION_PLANES").as_deref() {
             Ok("8") => 8,
-            _ => 4,
+            _ => packed.div_ceil(mma::PLANE_ROWS).clamp(1, 4),
         };
-        let tensor_cores = splits == 1 && !portable && tensor_cores(client, dtype, shape.head_dim, planes);
+        let tensor_cores = !portable && tensor_cores(client, dtype, shape.head_dim, planes);
+        let (rows, key_tile) = if tensor_cores { (planes * mma::PLANE_ROWS, mma::TILE) } else { (config.block_q, config.block_k) };
+        let cubes = packed.div_ceil(rows) * shape.kv_heads * shape.batch;
+        let sms = props.hardware.num_streaming_multiprocessors.unwrap_or(16) as usize;
+        let tiles = shape.kv_len.div_ceil(key_tile).max(1);
+        // Each split keeps at least four key tiles so the merge stays cheap next to the work.
+        let splits = if cubes >= sms { 1 } else { (2 * sms).div_ceil(cubes).min(tiles.div_ceil(4)).max(1) };
+        let split_len = tiles.div_ceil(splits) * key_tile;
+        let splits = shape.kv_len.div_ceil(split_len.max(1)).max(1);
         Ok(Self { config, splits, split_len, tensor_cores, planes })
     }
 }
@@ -794,7 +797,6 @@ fn cube_dim(config: AttentionConfig) -> CubeDim {
     CubeDim::new_2d(config.lanes as u32, config.block_q as u32)
 }
 
-
 /// Launch the forward (`dtype` of q/k/v/bias, `out_dtype` of `out`).
 pub fn launch_forward<R: Runtime>(
     client: &ComputeClient<R>,
@@ -815,7 +817,7 @@ pub fn launch_forward<R: Runtime>(
         unsafe {
             mma::forward::mma_forward_kernel::launch_unchecked::<R>(
                 client,
-                grid(shape, rows, group * shape.q_len, 1),
+                grid(shape, rows, group * shape.q_len, plan.splits),
                 CubeDim::new_2d(32, plan.planes as u32),
                 args.q,
                 args.k,
@@ -826,9 +828,11 @@ pub fn launch_forward<R: Runtime>(
                 scale,
                 features.softcap.unwrap_or(1.0),
                 features.window.unwrap_or(0),
+                plan.splits,
+                plan.split_len,
                 plan.config,
                 plan.planes,
-                dtype,
+                [dtype, out_dtype],
             )
         };
         return;

@@ -155,7 +155,7 @@ pub(in super::super) fn mma_backward_q_kernel<F: Float>(
     let q_heads = q.shape(1);
     let q_len = q.shape(2);
     let kv_len = k.shape(2);
-    let block = row_block(q_heads, q_len, k.shape(1), kv_len, window, config, planes);
+    let block = row_block(q_heads, q_len, k.shape(1), kv_len, window, 1usize, kv_len, config, planes);
     let b = block.b;
     let end = block.end;
 

@@ -97,22 +97,26 @@ fn tile_probabilities<NC: Size>(s_acc: &mut Array<Vector<f32, NC>>, max0: f32, m
 }
 
 /// Cube `(32, planes)`, grid as [`row_block`]. K and V need a unit last stride, other strides
-/// that are multiples of 8 elements and 16-byte aligned starts (the host checks).
+/// that are multiples of 8 elements and 16-byte aligned starts (the host checks). With
+/// `splits > 1`, `out` and `lse` are the f32 partials `[splits, batch, q_heads, q_len(, d)]` of
+/// the portable forward, each normalized over its split's keys.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-pub(in super::super) fn mma_forward_kernel<F: Float>(
+pub(in super::super) fn mma_forward_kernel<F: Float, O: Float>(
     q: &Tensor<F>,
     k: &Tensor<F>,
     v: &Tensor<F>,
     bias: &Tensor<F>,
-    out: &mut Tensor<F>,
+    out: &mut Tensor<O>,
     lse: &mut Tensor<f32>,
     scale: f32,
     softcap: f32,
     window: usize,
+    splits: usize,
+    split_len: usize,
     #[comptime] config: AttentionConfig,
     #[comptime] planes: usize,
-    #[define(F)] _dtype: StorageType,
+    #[define(F, O)] _types: [StorageType; 2],
 ) {
     let def = mma_shape::<F>();
     let d = config.head_dim;
@@ -126,7 +130,7 @@ pub(in super::super) fn mma_forward_kernel<F: Float>(
     let q_heads = q.shape(1);
     let q_len = q.shape(2);
     let kv_len = k.shape(2);
-    let block = row_block(q_heads, q_len, k.shape(1), kv_len, window, config, planes);
+    let block = row_block(q_heads, q_len, k.shape(1), kv_len, window, splits, split_len, config, planes);
     let b = block.b;
     let end = block.end;
 
@@ -223,18 +227,19 @@ pub(in super::super) fn mma_forward_kernel<F: Float>(
     if l1 > 0.0 {
         inv1 = 1.0 / l1;
     }
-    let base0 = ((b * q_heads + h0) * q_len + i0) * d;
-    let base1 = ((b * q_heads + h1) * q_len + i1) * d;
+    let batch_row = block.split * q.shape(0) + b;
+    let stat0 = (batch_row * q_heads + h0) * q_len + i0;
+    let stat1 = (batch_row * q_heads + h1) * q_len + i1;
     #[unroll]
     for dt in 0..comptime!(d / 8) {
         #[unroll]
         for e in 0..nc {
             let col = comptime!(dt * 8 + e) + col0;
             if valid0 {
-                out[base0 + col] = F::cast_from(o_acc[comptime!(dt * 2)][e] * inv0);
+                out[stat0 * d + col] = O::cast_from(o_acc[comptime!(dt * 2)][e] * inv0);
             }
             if valid1 {
-                out[base1 + col] = F::cast_from(o_acc[comptime!(dt * 2 + 1)][e] * inv1);
+                out[stat1 * d + col] = O::cast_from(o_acc[comptime!(dt * 2 + 1)][e] * inv1);
             }
         }
     }
@@ -248,10 +253,10 @@ pub(in super::super) fn mma_forward_kernel<F: Float>(
             value1 = m1 + l1.ln();
         }
         if valid0 {
-            lse[(b * q_heads + h0) * q_len + i0] = value0;
+            lse[stat0] = value0;
         }
         if valid1 {
-            lse[(b * q_heads + h1) * q_len + i1] = value1;
+            lse[stat1] = value1;
         }
     }
 }

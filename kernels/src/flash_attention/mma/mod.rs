@@ -330,10 +330,13 @@ pub(super) fn unmasked_keys(i_lo: usize, i_hi: usize, q_len: usize, kv_len: usiz
     (lo, hi)
 }
 
-/// The forward's and dQ kernel's cube: `planes × 16` packed query rows of one kv head.
+/// The forward's and dQ kernel's cube: `planes × 16` packed query rows of one kv head, and the
+/// keys of one KV split.
 #[derive(CubeType)]
 pub(super) struct RowBlock {
     pub b: usize,
+    /// KV split of this cube (0 without splits).
+    pub split: usize,
     pub kvh: usize,
     pub head_base: usize,
     pub packed: usize,
@@ -347,13 +350,26 @@ pub(super) struct RowBlock {
 }
 
 /// Locate this cube's rows. Grid: x = blocks of `planes × 16` packed rows, y = kv head,
-/// z = batch: cubes that run together share their K/V in L2. For causal attention the blocks run
-/// in reverse, so that within a head the longest rows start first and the short ones fill in.
+/// z = batch × `splits` (split fastest; split `s` takes keys `[s · split_len, (s + 1) · split_len)`):
+/// cubes that run together share their K/V in L2. For causal attention the blocks run in reverse,
+/// so that within a head the longest rows start first and the short ones fill in.
 #[cube]
-pub(super) fn row_block(q_heads: usize, q_len: usize, kv_heads: usize, kv_len: usize, window: usize, #[comptime] config: AttentionConfig, #[comptime] planes: usize) -> RowBlock {
+#[allow(clippy::too_many_arguments)]
+pub(super) fn row_block(
+    q_heads: usize,
+    q_len: usize,
+    kv_heads: usize,
+    kv_len: usize,
+    window: usize,
+    splits: usize,
+    split_len: usize,
+    #[comptime] config: AttentionConfig,
+    #[comptime] planes: usize,
+) -> RowBlock {
     let group = q_heads / kv_heads;
     let kvh = CUBE_POS_Y as usize;
-    let b = CUBE_POS_Z as usize;
+    let b = CUBE_POS_Z as usize / splits;
+    let split = CUBE_POS_Z as usize % splits;
     let mut block = CUBE_POS_X as usize;
     if comptime!(config.causal) {
         block = CUBE_COUNT_X as usize - 1 - block;
@@ -361,10 +377,13 @@ pub(super) fn row_block(q_heads: usize, q_len: usize, kv_heads: usize, kv_len: u
     let packed = group * q_len;
     let p0 = block * comptime!(planes * PLANE_ROWS);
     let (i_lo, i_hi) = position_span(p0, cubecl::prelude::min(p0 + comptime!(planes * PLANE_ROWS), packed) - 1, q_len);
-    let (start, end) = key_range(i_lo, i_hi, q_len, kv_len, window, config);
+    let (mut start, mut end) = key_range(i_lo, i_hi, q_len, kv_len, window, config);
+    start = cubecl::prelude::max(start, split * split_len);
+    end = cubecl::prelude::min(end, split * split_len + split_len);
     let (free_lo, free_hi) = unmasked_keys(i_lo, i_hi, q_len, kv_len, window, start, end, config);
     RowBlock {
         b,
+        split,
         kvh,
         head_base: kvh * group,
         packed,
