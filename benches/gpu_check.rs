@@ -2,7 +2,8 @@
 //! same harness as the CI tests) and timings at Llama-7B shapes next to Burn's composed ops.
 //!
 //! Build: `scripts/gpu-check-build` (one stripped binary in `gpu/`); run on the GPU machine:
-//! `gpu/kiln-gpu-check [parity [FILTER]|bench|attention|gemm|gemm-order|gemm-strategies|all]`.
+//! `gpu/kiln-gpu-check [parity [FILTER]|parity-tensor-cores [f16]|bench|attention|attention-fwd|gemm|...|all]`
+//! (README lists every mode).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -186,10 +187,10 @@ fn bench(device: &CudaDevice) {
     }), 3.0 * nq * bf, copy_rate);
 }
 
-/// The tensor-core forward in bf16 against the f64 oracle, with the bf16 reference forward (Burn
-/// ops on CUDA) as the same-precision baseline of DEVELOPERS.md's rule. Forward only: the
-/// backward kernels are shared with f32, whose parity the full `parity attention` run checks.
-fn parity_tensor_cores(device: &CudaDevice) -> bool {
+/// The tensor-core forward in `dtype` (bf16 or f16) against the f64 oracle, with the reference
+/// forward (Burn ops on CUDA) in the same dtype as the baseline of DEVELOPERS.md's rule. Forward
+/// only: `parity attention BF16` runs the backward through the full harness.
+fn parity_tensor_cores(device: &CudaDevice, dtype: DType) -> bool {
     use kiln::ops::flash_attention::reference;
     let mut ok = true;
     let causal = AttentionOptions::causal();
@@ -228,9 +229,9 @@ fn parity_tensor_cores(device: &CudaDevice) -> bool {
             let out = reference::forward::<O>(q.into_primitive().tensor(), k.into_primitive().tensor(), v.into_primitive().tensor(), bias, case.options);
             common::values(Tensor::<O, 4>::from_primitive(burn::tensor::TensorPrimitive::Float(out.output)))
         };
-        common::poison::<B>(device, case.footprint() * 4, DType::BF16);
-        let c = common::compare("out", &run(true, DType::BF16), &run(false, DType::BF16), &oracle, DType::BF16, case.depth());
-        println!("parity tensor-core attention {case:?} BF16 out kernel_err {:.3e} ref_err {:.3e} bound {:.3e} {} ({:.1} s)", c.kernel_err, c.reference_err, c.bound, if c.passed() { "ok" } else { "FAIL" }, start.elapsed().as_secs_f64());
+        common::poison::<B>(device, case.footprint() * 4, dtype);
+        let c = common::compare("out", &run(true, dtype), &run(false, dtype), &oracle, dtype, case.depth());
+        println!("parity tensor-core attention {case:?} {dtype:?} out kernel_err {:.3e} ref_err {:.3e} bound {:.3e} {} ({:.1} s)", c.kernel_err, c.reference_err, c.bound, if c.passed() { "ok" } else { "FAIL" }, start.elapsed().as_secs_f64());
         ok &= c.passed();
     }
     ok
@@ -351,7 +352,8 @@ fn main() {
         bench_attention(&device, false, false);
     }
     if mode == "parity-tensor-cores" {
-        ok = parity_tensor_cores(&device);
+        let f16 = std::env::args().nth(2).is_some_and(|a| a == "f16");
+        ok = parity_tensor_cores(&device, if f16 { DType::F16 } else { DType::BF16 });
     }
     if mode == "gemm-order" {
         ok = gemm::ordering_check(&device);
