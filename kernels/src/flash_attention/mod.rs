@@ -668,9 +668,10 @@ pub struct AttentionPlan {
     pub splits: usize,
     /// Keys per split (a multiple of `block_k`).
     pub split_len: usize,
-    /// Run the forward on tensor cores ([`mma`]); otherwise the portable kernel.
+    /// Run the forward and the backward on tensor cores ([`mma`]); otherwise the portable
+    /// kernels.
     pub tensor_cores: bool,
-    /// Planes (16 query rows each) per cube of the tensor-core forward.
+    /// Planes (16 query rows, or 16 keys in the dK/dV kernel, each) per tensor-core cube.
     pub planes: usize,
 }
 

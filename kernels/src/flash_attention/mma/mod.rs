@@ -176,7 +176,7 @@ pub(super) fn row_fragments<F: Float, NA: Size>(
     frags
 }
 
-/// `acc = X · Tileᵀ` for one plane: X is 16 rows × `d` (A fragments in `a_regs`, or, with
+/// `acc = X · Tileᵀ` for one plane (16-bit inputs: four A and two B registers per lane): X is 16 rows × `d` (A fragments in `a_regs`, or, with
 /// `a_shared`, read by `ldmatrix` from the row-major block at `a_at`), the tile the `TILE`
 /// rows × `d` at `b_tile`. `acc` gets `TILE / 8` accumulator tiles (two vectors each).
 #[cube]
@@ -233,7 +233,7 @@ pub(super) fn scores<F: Float, NA: Size, NB: Size, NC: Size>(
     }
 }
 
-/// `out += P · Tile` for one plane: P is 16 rows × `TILE` in accumulator layout (`TILE / 8`
+/// `out += P · Tile` for one plane (16-bit inputs: four A and two B registers per lane): P is 16 rows × `TILE` in accumulator layout (`TILE / 8`
 /// tiles, cast to `F` as A fragments), the tile `TILE` rows × `d` at `b_tile`; `out` holds
 /// `d / 8` accumulator tiles.
 #[cube]
