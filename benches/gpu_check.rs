@@ -57,7 +57,9 @@ fn parity(device: &CudaDevice, filter: &str) -> bool {
             AttentionCase { options: causal, ..AttentionCase::new(1, 32, 8, 1, 4000, 128) },
             AttentionCase { options: causal.with_window(64).with_softcap(30.0), bias: true, ..AttentionCase::new(1, 4, 2, 65, 300, 96) },
             AttentionCase { options: causal, ..AttentionCase::new(1, 2, 1, 100, 37, 80) },
-            AttentionCase::new(1, 8, 1, 1000, 1000, 128),
+            // Burn's reference path takes ~5 min here (autotune on new shapes); larger cases
+            // (hq8 hk1 1000²) did not finish in 290 s, so they run forward-only in
+            // `parity-tensor-cores`.
             AttentionCase { options: causal, ..AttentionCase::new(2, 4, 2, 100, 1000, 128) },
         ];
         for case in attention {
