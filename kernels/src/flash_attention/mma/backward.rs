@@ -352,6 +352,8 @@ pub(in super::super) fn mma_backward_kv_kernel<F: Float>(
     let mut dv_acc = zeros::<NC>(comptime!(d / 8));
     let mut st_acc = zeros::<NC>(comptime!(TILE / 8));
     let mut dpt_acc = zeros::<NC>(comptime!(TILE / 8));
+    // Both products take their A operand (this plane's keys) from shared memory, so `scores`
+    // gets no register fragments.
     let none = Array::<Vector<F, NA>>::new(1usize);
     // This plane's 16 keys in the K tile (and, `key_elems` further, in the V tile).
     let a_at = plane * comptime!(tile_elems(PLANE_ROWS, d));
