@@ -7,25 +7,12 @@ import sys
 
 import torch
 import torch.nn.functional as F
-import triton.testing as tt
+
+from timing import fwd_bwd, ms
 
 dev = "cuda"
 bf = torch.bfloat16
 forward_only = sys.argv[1:] == ["fwd"]
-
-
-def ms(fn):
-    return tt.do_bench(fn, warmup=25, rep=200, return_mode="median")
-
-
-def fwd_bwd(fn, inputs, dy):
-    def run():
-        for t in inputs:
-            t.grad = None
-        fn().backward(dy)
-    return run
-
-
 
 for hd in (64, 128):
     for seq in (1024, 4096, 8192, 16384):

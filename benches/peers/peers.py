@@ -2,27 +2,16 @@
 Liger-Kernel for RMSNorm, SwiGLU and RoPE at the shapes benches/gpu_check.rs uses, plus the
 device-to-device copy rate that "% of copy" refers to. Prints lines starting with `peer`."""
 import torch
-import triton.testing as tt
+
+from timing import fwd_bwd, ms
 
 dev = "cuda"
 bf = torch.bfloat16
 
 
-def ms(fn):
-    return tt.do_bench(fn, warmup=25, rep=200, return_mode="median")
-
-
 def line(name, t_ms, nbytes, copy):
     rate = nbytes / (t_ms * 1e-3)
     print(f"peer {name:<52} {t_ms:9.3f} ms {rate / 1e9:7.0f} GB/s {100 * rate / copy:5.1f}% of copy")
-
-
-def fwd_bwd(fn, inputs, dy):
-    def run():
-        for t in inputs:
-            t.grad = None
-        fn().backward(dy)
-    return run
 
 
 big = torch.randn(16384, 8192, device=dev, dtype=bf)

@@ -9,7 +9,7 @@
 
 use super::super::{AttentionConfig, EMPTY_LSE, bias_at, capped_logit, logit_grad, packed_row};
 use super::{
-    mma_shape, PLANE_ROWS, TILE, accumulate, fast_exp, pair_visible, row_block, row_fragments, scores, stage_tile, tile_elems, zeros,
+    mma_shape, lane_column, PLANE_ROWS, TILE, accumulate, fast_exp, pair_visible, row_block, row_fragments, scores, stage_pair, stage_tile, store_rows, tile_elems, zeros,
 };
 use cubecl::cmma::MatrixIdent;
 use cubecl::prelude::barrier::Barrier;
@@ -46,7 +46,7 @@ fn query_tile_grads<F: Float, NC: Size>(
     #[comptime] masked: bool,
 ) {
     let nc = NC::value();
-    let col0 = (UNIT_POS_PLANE % 4 * 2) as usize;
+    let col0 = lane_column();
     #[unroll]
     for nt in 0..comptime!(TILE / 8) {
         #[unroll]
@@ -96,7 +96,7 @@ fn key_tile_grads<F: Float, NC: Size>(
     #[comptime] masked: bool,
 ) {
     let nc = NC::value();
-    let col0 = (UNIT_POS_PLANE % 4 * 2) as usize;
+    let col0 = lane_column();
     #[unroll]
     for nt in 0..comptime!(TILE / 8) {
         #[unroll]
@@ -150,7 +150,6 @@ pub(in super::super) fn mma_backward_q_kernel<F: Float>(
     let size!(NA) = def.vector_size(MatrixIdent::A);
     let size!(NB) = def.vector_size(MatrixIdent::B);
     let size!(NC) = def.vector_size(MatrixIdent::Accumulator);
-    let nc = def.vector_size(MatrixIdent::Accumulator);
 
     let q_heads = q.shape(1);
     let q_len = q.shape(2);
@@ -160,7 +159,6 @@ pub(in super::super) fn mma_backward_q_kernel<F: Float>(
     let end = block.end;
 
     let g = (UNIT_POS_PLANE / 4) as usize;
-    let col0 = (UNIT_POS_PLANE % 4 * 2) as usize;
     let (valid0, h0, i0) = packed_row(block.plane_p0 + g, block.packed, block.head_base, q_len);
     let (valid1, h1, i1) = packed_row(block.plane_p0 + g + 8, block.packed, block.head_base, q_len);
     let mut rows = Array::<usize>::new(4usize);
@@ -196,8 +194,7 @@ pub(in super::super) fn mma_backward_q_kernel<F: Float>(
     let k_base = b * k.stride(0) + block.kvh * k.stride(1);
     let v_base = b * v.stride(0) + block.kvh * v.stride(1);
     if block.start < end {
-        stage_tile(k, &mut smem, 0usize, k_base, block.start, end, TILE, d, threads);
-        stage_tile(v, &mut smem, streamed, v_base, block.start, end, TILE, d, threads);
+        stage_pair(k, v, &mut smem, 0usize, k_base, v_base, block.start, end, d, threads);
     }
     barrier.commit_copy_async();
     barrier.arrive_and_wait();
@@ -207,9 +204,7 @@ pub(in super::super) fn mma_backward_q_kernel<F: Float>(
     while tile < end {
         let next = tile + TILE;
         if next < end {
-            let other = (1 - buffer) * comptime!(2 * streamed);
-            stage_tile(k, &mut smem, other, k_base, next, end, TILE, d, threads);
-            stage_tile(v, &mut smem, other + streamed, v_base, next, end, TILE, d, threads);
+            stage_pair(k, v, &mut smem, (1 - buffer) * comptime!(2 * streamed), k_base, v_base, next, end, d, threads);
         }
         let k_tile = buffer * comptime!(2 * streamed);
         scores::<F, NA, NB, NC>(&q_frags, &smem, 0usize, k_tile, &mut s_acc, d, false);
@@ -226,21 +221,9 @@ pub(in super::super) fn mma_backward_q_kernel<F: Float>(
         buffer = 1 - buffer;
     }
 
-    let base0 = ((b * q_heads + h0) * q_len + i0) * d;
-    let base1 = ((b * q_heads + h1) * q_len + i1) * d;
-    #[unroll]
-    for dt in 0..comptime!(d / 8) {
-        #[unroll]
-        for e in 0..nc {
-            let col = comptime!(dt * 8 + e) + col0;
-            if valid0 {
-                dq[base0 + col] = F::cast_from(dq_acc[comptime!(dt * 2)][e] * scale);
-            }
-            if valid1 {
-                dq[base1 + col] = F::cast_from(dq_acc[comptime!(dt * 2 + 1)][e] * scale);
-            }
-        }
-    }
+    let row0 = (b * q_heads + h0) * q_len + i0;
+    let row1 = (b * q_heads + h1) * q_len + i1;
+    store_rows::<F, NC>(dq, &dq_acc, row0, row1, valid0, valid1, scale, scale, d);
 }
 
 /// dK and dV. Cube `(32, planes)`; grid: x = blocks of `planes × 16` keys, y = kv head,
@@ -273,7 +256,6 @@ pub(in super::super) fn mma_backward_kv_kernel<F: Float>(
     let size!(NA) = def.vector_size(MatrixIdent::A);
     let size!(NB) = def.vector_size(MatrixIdent::B);
     let size!(NC) = def.vector_size(MatrixIdent::Accumulator);
-    let nc = def.vector_size(MatrixIdent::Accumulator);
 
     let q_heads = q.shape(1);
     let q_len = q.shape(2);
@@ -286,7 +268,6 @@ pub(in super::super) fn mma_backward_kv_kernel<F: Float>(
     let last_key = cubecl::prelude::min(first_key + keys, kv_len) - 1;
     let plane = UNIT_POS_Y as usize;
     let g = (UNIT_POS_PLANE / 4) as usize;
-    let col0 = (UNIT_POS_PLANE % 4 * 2) as usize;
     let j0 = first_key + plane * PLANE_ROWS + g;
     let j1 = j0 + 8;
 
@@ -336,8 +317,7 @@ pub(in super::super) fn mma_backward_kv_kernel<F: Float>(
         let h = kvh * group;
         let q_base = b * q.stride(0) + h * q.stride(1);
         let do_base = b * d_out.stride(0) + h * d_out.stride(1);
-        stage_tile(q, &mut smem, qt, q_base, first, last, TILE, d, threads);
-        stage_tile(d_out, &mut smem, qt + streamed, do_base, first, last, TILE, d, threads);
+        stage_pair(q, d_out, &mut smem, qt, q_base, do_base, first, last, d, threads);
         let t = UNIT_POS as usize;
         if t < TILE {
             let (l, dl) = query_stats(lse, delta, b, h, q_heads, q_len, first + t, last);
@@ -365,8 +345,8 @@ pub(in super::super) fn mma_backward_kv_kernel<F: Float>(
             let h_next = kvh * group + (step + 1) / tiles;
             let tile_next = first + ((step + 1) % tiles) * TILE;
             let other = qt + (1 - buffer) * comptime!(2 * streamed);
-            stage_tile(q, &mut smem, other, b * q.stride(0) + h_next * q.stride(1), tile_next, last, TILE, d, threads);
-            stage_tile(d_out, &mut smem, other + streamed, b * d_out.stride(0) + h_next * d_out.stride(1), tile_next, last, TILE, d, threads);
+            let (q_base, do_base) = (b * q.stride(0) + h_next * q.stride(1), b * d_out.stride(0) + h_next * d_out.stride(1));
+            stage_pair(q, d_out, &mut smem, other, q_base, do_base, tile_next, last, d, threads);
             let t = UNIT_POS as usize;
             if t < TILE {
                 let (l, dl) = query_stats(lse, delta, b, h_next, q_heads, q_len, tile_next + t, last);
@@ -398,23 +378,10 @@ pub(in super::super) fn mma_backward_kv_kernel<F: Float>(
         buffer = 1 - buffer;
     }
 
-    let base0 = ((b * kv_heads + kvh) * kv_len + j0) * d;
-    let base1 = ((b * kv_heads + kvh) * kv_len + j1) * d;
-    #[unroll]
-    for dt in 0..comptime!(d / 8) {
-        #[unroll]
-        for e in 0..nc {
-            let col = comptime!(dt * 8 + e) + col0;
-            if j0 < kv_len {
-                dk[base0 + col] = F::cast_from(dk_acc[comptime!(dt * 2)][e] * scale);
-                dv[base0 + col] = F::cast_from(dv_acc[comptime!(dt * 2)][e]);
-            }
-            if j1 < kv_len {
-                dk[base1 + col] = F::cast_from(dk_acc[comptime!(dt * 2 + 1)][e] * scale);
-                dv[base1 + col] = F::cast_from(dv_acc[comptime!(dt * 2 + 1)][e]);
-            }
-        }
-    }
+    let key0 = (b * kv_heads + kvh) * kv_len + j0;
+    let key1 = (b * kv_heads + kvh) * kv_len + j1;
+    store_rows::<F, NC>(dk, &dk_acc, key0, key1, j0 < kv_len, j1 < kv_len, scale, scale, d);
+    store_rows::<F, NC>(dv, &dv_acc, key0, key1, j0 < kv_len, j1 < kv_len, 1.0, 1.0, d);
 }
 
 /// `(lse, D)` of query `i` of head `h`, or a row that sees nothing past `last`.

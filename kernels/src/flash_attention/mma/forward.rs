@@ -4,7 +4,7 @@
 //! the mask.
 
 use super::super::{AttentionConfig, EMPTY_LSE, MASKED, bias_at, capped_logit, packed_row};
-use super::{mma_shape, TILE, accumulate, fast_exp, pair_visible, quad_max, quad_sum, row_block, row_fragments, scores, stage_tile, tile_elems, zeros};
+use super::{mma_shape, TILE, lane_column, accumulate, fast_exp, pair_visible, quad_max, quad_sum, row_block, row_fragments, scores, stage_pair, store_rows, tile_elems, zeros};
 use cubecl::cmma::MatrixIdent;
 use cubecl::prelude::barrier::Barrier;
 use cubecl::prelude::*;
@@ -31,7 +31,7 @@ fn tile_logits<F: Float, NC: Size>(
     #[comptime] masked: bool,
 ) -> (f32, f32) {
     let nc = NC::value();
-    let col0 = (UNIT_POS_PLANE % 4 * 2) as usize;
+    let col0 = lane_column();
     let mut max0 = f32::new(MASKED);
     let mut max1 = f32::new(MASKED);
     #[unroll]
@@ -125,7 +125,6 @@ pub(in super::super) fn mma_forward_kernel<F: Float, O: Float>(
     let size!(NA) = def.vector_size(MatrixIdent::A);
     let size!(NB) = def.vector_size(MatrixIdent::B);
     let size!(NC) = def.vector_size(MatrixIdent::Accumulator);
-    let nc = def.vector_size(MatrixIdent::Accumulator);
 
     let q_heads = q.shape(1);
     let q_len = q.shape(2);
@@ -136,7 +135,7 @@ pub(in super::super) fn mma_forward_kernel<F: Float, O: Float>(
 
     // The two rows this lane holds in accumulators: g and g + 8 of the plane's 16.
     let g = (UNIT_POS_PLANE / 4) as usize;
-    let col0 = (UNIT_POS_PLANE % 4 * 2) as usize;
+    let col0 = lane_column();
     let (valid0, h0, i0) = packed_row(block.plane_p0 + g, block.packed, block.head_base, q_len);
     let (valid1, h1, i1) = packed_row(block.plane_p0 + g + 8, block.packed, block.head_base, q_len);
     let mut rows = Array::<usize>::new(4usize);
@@ -162,8 +161,7 @@ pub(in super::super) fn mma_forward_kernel<F: Float, O: Float>(
     let k_base = b * k.stride(0) + block.kvh * k.stride(1);
     let v_base = b * v.stride(0) + block.kvh * v.stride(1);
     if block.start < end {
-        stage_tile(k, &mut smem, 0usize, k_base, block.start, end, TILE, d, threads);
-        stage_tile(v, &mut smem, streamed, v_base, block.start, end, TILE, d, threads);
+        stage_pair(k, v, &mut smem, 0usize, k_base, v_base, block.start, end, d, threads);
     }
     barrier.commit_copy_async();
     barrier.arrive_and_wait();
@@ -173,9 +171,7 @@ pub(in super::super) fn mma_forward_kernel<F: Float, O: Float>(
     while tile < end {
         let next = tile + TILE;
         if next < end {
-            let other = (1 - buffer) * comptime!(2 * streamed);
-            stage_tile(k, &mut smem, other, k_base, next, end, TILE, d, threads);
-            stage_tile(v, &mut smem, other + streamed, v_base, next, end, TILE, d, threads);
+            stage_pair(k, v, &mut smem, (1 - buffer) * comptime!(2 * streamed), k_base, v_base, next, end, d, threads);
         }
         let k_tile = buffer * comptime!(2 * streamed);
 
@@ -230,19 +226,7 @@ pub(in super::super) fn mma_forward_kernel<F: Float, O: Float>(
     let batch_row = block.split * q.shape(0) + b;
     let stat0 = (batch_row * q_heads + h0) * q_len + i0;
     let stat1 = (batch_row * q_heads + h1) * q_len + i1;
-    #[unroll]
-    for dt in 0..comptime!(d / 8) {
-        #[unroll]
-        for e in 0..nc {
-            let col = comptime!(dt * 8 + e) + col0;
-            if valid0 {
-                out[stat0 * d + col] = O::cast_from(o_acc[comptime!(dt * 2)][e] * inv0);
-            }
-            if valid1 {
-                out[stat1 * d + col] = O::cast_from(o_acc[comptime!(dt * 2 + 1)][e] * inv1);
-            }
-        }
-    }
+    store_rows::<O, NC>(out, &o_acc, stat0, stat1, valid0, valid1, inv0, inv1, d);
     if col0 == 0 {
         let mut value0 = f32::new(EMPTY_LSE);
         let mut value1 = f32::new(EMPTY_LSE);

@@ -137,6 +137,65 @@ pub(super) fn stage_tile<F: Float>(
     }
 }
 
+/// First of the two accumulator columns this lane holds in every 8-column tile (`2t`).
+#[cube]
+pub(super) fn lane_column() -> usize {
+    (UNIT_POS_PLANE % 4 * 2) as usize
+}
+
+/// Issue the copies of rows `[first, first + TILE)` of two tensors read together (K and V, or Q
+/// and dO; rows from `a_base` and `b_base`) into the buffer at `dst`: `a`'s tile, then `b`'s
+/// `tile_elems(TILE, d)` further.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn stage_pair<F: Float>(
+    a: &Tensor<F>,
+    b: &Tensor<F>,
+    smem: &mut SharedMemory<F>,
+    dst: usize,
+    a_base: usize,
+    b_base: usize,
+    first: usize,
+    end: usize,
+    #[comptime] d: usize,
+    #[comptime] threads: usize,
+) {
+    stage_tile(a, smem, dst, a_base, first, end, TILE, d, threads);
+    stage_tile(b, smem, dst + comptime!(tile_elems(TILE, d)), b_base, first, end, TILE, d, threads);
+}
+
+/// Write this lane's two accumulator rows (`d / 8` tiles) times `factor0`/`factor1` to rows
+/// `row0`/`row1` of the contiguous, `d`-wide `out`; a row whose `write` flag is false is skipped.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn store_rows<O: Float, NC: Size>(
+    out: &mut Tensor<O>,
+    acc: &Array<Vector<f32, NC>>,
+    row0: usize,
+    row1: usize,
+    write0: bool,
+    write1: bool,
+    factor0: f32,
+    factor1: f32,
+    #[comptime] d: usize,
+) {
+    let nc = NC::value();
+    let col0 = lane_column();
+    #[unroll]
+    for dt in 0..comptime!(d / 8) {
+        #[unroll]
+        for e in 0..nc {
+            let col = comptime!(dt * 8 + e) + col0;
+            if write0 {
+                out[row0 * d + col] = O::cast_from(acc[comptime!(dt * 2)][e] * factor0);
+            }
+            if write1 {
+                out[row1 * d + col] = O::cast_from(acc[comptime!(dt * 2 + 1)][e] * factor1);
+            }
+        }
+    }
+}
+
 /// The A fragments (k-step by k-step over `d`) of the 16 packed rows from `plane_p0` of `src`
 /// (`[batch, heads, len, d]`, packed row `p` = head `head_base + p / len`, position `p % len`);
 /// rows past `packed` are 0.
