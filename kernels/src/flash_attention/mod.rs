@@ -712,8 +712,8 @@ impl AttentionPlan {
     /// The forward runs on tensor cores when the runtime offers `mma.sync` m16n8k16 for `dtype`
     /// and `cp.async` (f16/bf16 on CUDA sm_80+) and the head size is a multiple of 16 up to 128;
     /// its cubes hold up to four planes of 16 packed rows. `KILN_ATTENTION_PORTABLE=1` forces the
-    /// portable kernels and `KILN_ATTENTION_PLANES=8` eight planes per tensor-core cube (both for
-    /// measurements).
+    /// portable kernels and `KILN_ATTENTION_PLANES=n` (1 to 16) `n` planes per tensor-core cube
+    /// (both for measurements).
     pub fn new<R: Runtime>(
         client: &ComputeClient<R>,
         shape: AttentionShape,
@@ -743,10 +743,11 @@ impl AttentionPlan {
         let packed = group * shape.q_len;
         let portable = std::env::var("KILN_ATTENTION_PORTABLE").is_ok_and(|v| v == "1");
         // Short packed rows (decoding) fill fewer planes; the KV splits fill the GPU instead.
-        let planes = match std::env::var("KILN_ATTENTION_PLANES").as_deref() {
-            Ok("8") => 8,
-            _ => packed.div_ceil(mma::PLANE_ROWS).clamp(1, 4),
-        };
+        let planes = std::env::var("KILN_ATTENTION_PLANES")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|p| (1..=16).contains(p))
+            .unwrap_or_else(|| packed.div_ceil(mma::PLANE_ROWS).clamp(1, 4));
         let tensor_cores = !portable && tensor_cores(client, dtype, shape.head_dim, planes);
         let (rows, key_tile) = if tensor_cores { (planes * mma::PLANE_ROWS, mma::TILE) } else { (config.block_q, config.block_k) };
         let cubes = packed.div_ceil(rows) * shape.kv_heads * shape.batch;

@@ -193,8 +193,9 @@ pub(in super::super) fn mma_backward_q_kernel<F: Float>(
     let barrier = Barrier::shared(CUBE_DIM, UNIT_POS == 0);
     let k_base = b * k.stride(0) + block.kvh * k.stride(1);
     let v_base = b * v.stride(0) + block.kvh * v.stride(1);
+    let (k_stride, v_stride) = (k.stride(2), v.stride(2));
     if block.start < end {
-        stage_pair(k, v, &mut smem, 0usize, k_base, v_base, block.start, end, d, threads);
+        stage_pair(k, v, &mut smem, 0usize, k_base, v_base, k_stride, v_stride, block.start, end, d, threads);
     }
     barrier.commit_copy_async();
     barrier.arrive_and_wait();
@@ -204,7 +205,7 @@ pub(in super::super) fn mma_backward_q_kernel<F: Float>(
     while tile < end {
         let next = tile + TILE;
         if next < end {
-            stage_pair(k, v, &mut smem, (1 - buffer) * comptime!(2 * streamed), k_base, v_base, next, end, d, threads);
+            stage_pair(k, v, &mut smem, (1 - buffer) * comptime!(2 * streamed), k_base, v_base, k_stride, v_stride, next, end, d, threads);
         }
         let k_tile = buffer * comptime!(2 * streamed);
         scores::<F, NA, NB, NC>(&q_frags, &smem, 0usize, k_tile, &mut s_acc, d, false);
@@ -307,8 +308,9 @@ pub(in super::super) fn mma_backward_kv_kernel<F: Float>(
     let mut stats = SharedMemory::<f32>::new(comptime!(4 * TILE));
     let barrier = Barrier::shared(CUBE_DIM, UNIT_POS == 0);
     let kv_base = b * k.stride(0) + kvh * k.stride(1);
-    stage_tile(k, &mut smem, 0usize, kv_base, first_key, kv_len, keys, d, threads);
-    stage_tile(v, &mut smem, key_elems, b * v.stride(0) + kvh * v.stride(1), first_key, kv_len, keys, d, threads);
+    stage_tile(k, &mut smem, 0usize, kv_base, k.stride(2), first_key, kv_len, keys, d, threads);
+    stage_tile(v, &mut smem, key_elems, b * v.stride(0) + kvh * v.stride(1), v.stride(2), first_key, kv_len, keys, d, threads);
+    let (q_stride, do_stride) = (q.stride(2), d_out.stride(2));
 
     let qt = comptime!(2 * key_elems);
     let mut stat_lse = f32::new(EMPTY_LSE);
@@ -317,7 +319,7 @@ pub(in super::super) fn mma_backward_kv_kernel<F: Float>(
         let h = kvh * group;
         let q_base = b * q.stride(0) + h * q.stride(1);
         let do_base = b * d_out.stride(0) + h * d_out.stride(1);
-        stage_pair(q, d_out, &mut smem, qt, q_base, do_base, first, last, d, threads);
+        stage_pair(q, d_out, &mut smem, qt, q_base, do_base, q_stride, do_stride, first, last, d, threads);
         let t = UNIT_POS as usize;
         if t < TILE {
             let (l, dl) = query_stats(lse, delta, b, h, q_heads, q_len, first + t, last);
@@ -346,7 +348,7 @@ pub(in super::super) fn mma_backward_kv_kernel<F: Float>(
             let tile_next = first + ((step + 1) % tiles) * TILE;
             let other = qt + (1 - buffer) * comptime!(2 * streamed);
             let (q_base, do_base) = (b * q.stride(0) + h_next * q.stride(1), b * d_out.stride(0) + h_next * d_out.stride(1));
-            stage_pair(q, d_out, &mut smem, other, q_base, do_base, tile_next, last, d, threads);
+            stage_pair(q, d_out, &mut smem, other, q_base, do_base, q_stride, do_stride, tile_next, last, d, threads);
             let t = UNIT_POS as usize;
             if t < TILE {
                 let (l, dl) = query_stats(lse, delta, b, h_next, q_heads, q_len, tile_next + t, last);

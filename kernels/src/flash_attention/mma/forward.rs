@@ -32,8 +32,7 @@ fn tile_logits<F: Float, NC: Size>(
 ) -> (f32, f32) {
     let nc = NC::value();
     let col0 = lane_column();
-    let mut max0 = f32::new(MASKED);
-    let mut max1 = f32::new(MASKED);
+    let mut maxima = partials(f32::new(MASKED));
     #[unroll]
     for nt in 0..comptime!(TILE / 8) {
         #[unroll]
@@ -49,17 +48,17 @@ fn tile_logits<F: Float, NC: Size>(
                 if !masked || (valid[x] && pair_visible(i, j, q_len, end, q_len, kv_len, window, config)) {
                     s = capped_logit(reg[e], scale, softcap, config) + bias_at(bias, b, h, i, j, config);
                 }
-                if comptime!(x == 0) {
-                    max0 = max0.max(s);
-                } else {
-                    max1 = max1.max(s);
-                }
+                let at = comptime!(partial_slot(x, nt, e));
+                maxima[at] = maxima[at].max(s);
                 reg[e] = s;
             }
             s_acc[comptime!(nt * 2 + x)] = reg;
         }
     }
-    (max0, max1)
+    (
+        maxima[0].max(maxima[1]).max(maxima[2].max(maxima[3])),
+        maxima[4].max(maxima[5]).max(maxima[6].max(maxima[7])),
+    )
 }
 
 /// Turn this lane's logits into `exp(s − max)` in place (masked logits into 0) and return the
@@ -67,8 +66,7 @@ fn tile_logits<F: Float, NC: Size>(
 #[cube]
 fn tile_probabilities<NC: Size>(s_acc: &mut Array<Vector<f32, NC>>, max0: f32, max1: f32, #[comptime] masked: bool) -> (f32, f32) {
     let nc = NC::value();
-    let mut sum0 = 0.0f32;
-    let mut sum1 = 0.0f32;
+    let mut sums = partials(0.0f32);
     #[unroll]
     for nt in 0..comptime!(TILE / 8) {
         #[unroll]
@@ -83,17 +81,32 @@ fn tile_probabilities<NC: Size>(s_acc: &mut Array<Vector<f32, NC>>, max0: f32, m
                         p = 0.0;
                     }
                 }
-                if comptime!(x == 0) {
-                    sum0 += p;
-                } else {
-                    sum1 += p;
-                }
+                let at = comptime!(partial_slot(x, nt, e));
+                sums[at] += p;
                 reg[e] = p;
             }
             s_acc[comptime!(nt * 2 + x)] = reg;
         }
     }
-    (sum0, sum1)
+    ((sums[0] + sums[1]) + (sums[2] + sums[3]), (sums[4] + sums[5]) + (sums[6] + sums[7]))
+}
+
+/// Four running partials for each of the lane's two rows, all `init`: a row's 16 values per
+/// tile fold into four short chains instead of one 16-long chain of dependent instructions,
+/// whose latency two planes per scheduler cannot hide.
+#[cube]
+fn partials(init: f32) -> Array<f32> {
+    let mut values = Array::<f32>::new(8usize);
+    #[unroll]
+    for i in 0..8usize {
+        values[i] = init;
+    }
+    values
+}
+
+/// The partial of row `x` that value `e` of accumulator tile `nt` folds into.
+const fn partial_slot(x: usize, nt: usize, e: usize) -> usize {
+    x * 4 + (nt % 2) * 2 + e % 2
 }
 
 /// Cube `(32, planes)`, grid as [`row_block`]. K and V need a unit last stride, other strides
@@ -160,8 +173,9 @@ pub(in super::super) fn mma_forward_kernel<F: Float, O: Float>(
     let barrier = Barrier::shared(CUBE_DIM, UNIT_POS == 0);
     let k_base = b * k.stride(0) + block.kvh * k.stride(1);
     let v_base = b * v.stride(0) + block.kvh * v.stride(1);
+    let (k_stride, v_stride) = (k.stride(2), v.stride(2));
     if block.start < end {
-        stage_pair(k, v, &mut smem, 0usize, k_base, v_base, block.start, end, d, threads);
+        stage_pair(k, v, &mut smem, 0usize, k_base, v_base, k_stride, v_stride, block.start, end, d, threads);
     }
     barrier.commit_copy_async();
     barrier.arrive_and_wait();
@@ -171,7 +185,7 @@ pub(in super::super) fn mma_forward_kernel<F: Float, O: Float>(
     while tile < end {
         let next = tile + TILE;
         if next < end {
-            stage_pair(k, v, &mut smem, (1 - buffer) * comptime!(2 * streamed), k_base, v_base, next, end, d, threads);
+            stage_pair(k, v, &mut smem, (1 - buffer) * comptime!(2 * streamed), k_base, v_base, k_stride, v_stride, next, end, d, threads);
         }
         let k_tile = buffer * comptime!(2 * streamed);
 
@@ -188,6 +202,9 @@ pub(in super::super) fn mma_forward_kernel<F: Float, O: Float>(
         let new1 = m1.max(quad_max(max1));
         let alpha0 = fast_exp(m0 - new0);
         let alpha1 = fast_exp(m1 - new1);
+        // Once the running maxima settle, most tiles raise none of the plane's: then every
+        // alpha is exactly 1 and the plane skips rescaling its output accumulators.
+        let rescale = plane_any(new0 != m0 || new1 != m1);
         m0 = new0;
         m1 = new1;
         let (sum0, sum1) = if masked {
@@ -198,10 +215,12 @@ pub(in super::super) fn mma_forward_kernel<F: Float, O: Float>(
         // Each lane keeps its partial row sums; the quad adds them up once at the end.
         l0 = l0 * alpha0 + sum0;
         l1 = l1 * alpha1 + sum1;
-        #[unroll]
-        for dt in 0..comptime!(d / 8) {
-            o_acc[comptime!(dt * 2)] = o_acc[comptime!(dt * 2)] * Vector::new(alpha0);
-            o_acc[comptime!(dt * 2 + 1)] = o_acc[comptime!(dt * 2 + 1)] * Vector::new(alpha1);
+        if rescale {
+            #[unroll]
+            for dt in 0..comptime!(d / 8) {
+                o_acc[comptime!(dt * 2)] = o_acc[comptime!(dt * 2)] * Vector::new(alpha0);
+                o_acc[comptime!(dt * 2 + 1)] = o_acc[comptime!(dt * 2 + 1)] * Vector::new(alpha1);
+            }
         }
 
         accumulate::<F, NA, NB, NC>(&s_acc, &smem, k_tile + streamed, &mut o_acc, d);
