@@ -121,7 +121,7 @@ pub(super) fn stage_tile<F: Float>(
     #[comptime] threads: usize,
 ) {
     let chunks = comptime!(d / CHUNK);
-    if comptime!(threads % chunks == 0) {
+    if comptime!(threads.is_multiple_of(chunks)) {
         if first + rows <= end {
             let step = comptime!(threads / chunks);
             let r0 = UNIT_POS as usize / chunks;
