@@ -1,6 +1,7 @@
 //! Flash attention vs the naive reference: output and dq/dk/dv on ragged lengths, GQA ratios
 //! 1/2/4/8, causal with and without a cache offset, sliding window, softcap, bias, rows that see
-//! no key, very large logits, split-KV decoding, f32/f16 on wgpu.
+//! no key, very large logits, split-KV decoding, f32/f16 on wgpu; and the tensor-core kernels
+//! expanded (not run) for every variant.
 
 mod common;
 
@@ -96,4 +97,83 @@ fn flash_attention_rejects_a_bias_that_does_not_broadcast() {
     let bias = Tensor::<NdArray, 4>::ones([1, 2, 4, 5], &device);
     let msg = common::panic_message(|| kiln::ops::flash_attention(q.clone(), q.clone(), q, Some(bias), AttentionOptions::default()));
     assert!(msg.contains("kiln::flash_attention") && msg.contains("[1, 2, 4, 5]") && msg.contains("[1, 2, 4, 4]"), "{msg}");
+}
+
+/// The tensor-core kernels (CUDA `mma.sync`/`cp.async`) cannot run on lavapipe, but CubeCL
+/// expands them on any runtime before compiling. Forcing them onto wgpu runs that expansion for
+/// every variant — planes per cube, head sizes, masks, bias, softcap, forward and backward — so a
+/// comptime mistake (an index past an array, a bad unrolled range) fails here instead of on the
+/// GPU machine. The WGSL compiler then refuses the kernel at its first barrier: that refusal is
+/// the expected end; any other panic fails the test.
+#[test]
+fn tensor_core_kernels_expand_for_every_variant() {
+    use burn_cubecl::CubeBackend;
+    use kiln_kernels::flash_attention::{AttentionFeatures, AttentionPlan, AttentionShape, BackwardArgs, ForwardArgs, launch_backward, launch_forward};
+    use std::sync::{Arc, Mutex};
+    type R = cubecl::wgpu::WgpuRuntime;
+    type C = CubeBackend<R, f32, i32, u32>;
+    let Some(device) = common::wgpu_device() else { return };
+
+    // A panic on one of CubeCL's device threads (named `DS…`) does not reach the caller: record
+    // those messages; any other panic goes to the previous hook as usual.
+    let panics = Arc::new(Mutex::new(Vec::<String>::new()));
+    let previous: Arc<dyn Fn(&std::panic::PanicHookInfo) + Send + Sync> = Arc::from(std::panic::take_hook());
+    let (seen, fallback) = (panics.clone(), previous.clone());
+    std::panic::set_hook(Box::new(move |info| {
+        if std::thread::current().name().is_some_and(|n| n.starts_with("DS")) {
+            let msg = info.payload().downcast_ref::<String>().cloned().or_else(|| info.payload().downcast_ref::<&str>().map(|s| s.to_string()));
+            seen.lock().unwrap().push(msg.unwrap_or_default());
+        } else {
+            fallback(info);
+        }
+    }));
+
+    let tensor = |shape: [usize; 4]| Tensor::<C, 4>::ones(shape, &device).into_primitive().tensor();
+    let stats = |shape: [usize; 3]| Tensor::<C, 3>::zeros(shape, &device).into_primitive().tensor();
+    let client = <R as cubecl::Runtime>::client(&device);
+    let dtype = cubecl::ir::StorageType::Scalar(cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::F32));
+    let mut launches = 0;
+    for head_dim in [64, 80, 96, 128] {
+        for (causal, window, softcap, bias) in [(true, None, None, false), (false, None, None, false), (true, Some(16), Some(30.0), true)] {
+            for planes in [1, 4, 12] {
+                let (b, hq, hk, sq, sk) = (1, 4, 2, 100, 300);
+                let shape = AttentionShape { batch: b, q_heads: hq, kv_heads: hk, q_len: sq, kv_len: sk, head_dim };
+                let features = AttentionFeatures { causal, window, softcap, bias };
+                let base = AttentionPlan::new(&client, shape, features, dtype).unwrap();
+                let plan = AttentionPlan { tensor_cores: true, planes, splits: 1, split_len: sk.div_ceil(64) * 64, ..base };
+                let (q, k, v, bias_t) = (tensor([b, hq, sq, head_dim]), tensor([b, hk, sk, head_dim]), tensor([b, hk, sk, head_dim]), tensor([b, hq, sq, sk]));
+                let (lse, delta) = (stats([b, hq, sq]), stats([b, hq, sq]));
+                let forward = ForwardArgs {
+                    q: q.clone().into_tensor_arg(),
+                    k: k.clone().into_tensor_arg(),
+                    v: v.clone().into_tensor_arg(),
+                    bias: bias_t.clone().into_tensor_arg(),
+                    out: tensor([b, hq, sq, head_dim]).into_tensor_arg(),
+                    lse: lse.clone().into_tensor_arg(),
+                };
+                launch_forward(&client, &plan, shape, features, 0.1, dtype, dtype, forward);
+                let backward = || BackwardArgs {
+                    q: q.clone().into_tensor_arg(),
+                    k: k.clone().into_tensor_arg(),
+                    v: v.clone().into_tensor_arg(),
+                    bias: bias_t.clone().into_tensor_arg(),
+                    d_out: tensor([b, hq, sq, head_dim]).into_tensor_arg(),
+                    lse: lse.clone().into_tensor_arg(),
+                    delta: delta.clone().into_tensor_arg(),
+                };
+                let grads = [tensor([b, hq, sq, head_dim]), tensor([b, hk, sk, head_dim]), tensor([b, hk, sk, head_dim])].map(|t| t.into_tensor_arg());
+                let [dq, dk, dv] = grads;
+                launch_backward(&client, &plan, shape, features, 0.1, dtype, backward(), backward(), dq, dk, dv);
+                launches += 3;
+            }
+        }
+    }
+    let _ = Tensor::<C, 1>::ones([1], &device).into_data();
+    std::panic::set_hook(Box::new(move |info| previous(info)));
+
+    let panics = panics.lock().unwrap();
+    let refused = panics.iter().filter(|m| m.contains("isn't supported on wgpu")).count();
+    let other: Vec<_> = panics.iter().filter(|m| !m.contains("isn't supported on wgpu")).collect();
+    assert!(other.is_empty(), "tensor-core kernel expansion failed: {other:?}");
+    assert!(refused > 0 && refused <= launches, "expected the WGSL compiler to refuse the {launches} expanded kernels, saw {refused} refusals");
 }
