@@ -207,6 +207,10 @@ fn parity_tensor_cores(device: &CudaDevice, dtype: DType) -> bool {
         // Decoding and speculative decoding: few packed rows, split KV.
         AttentionCase { options: causal, ..AttentionCase::new(1, 32, 8, 1, 4000, 128) },
         AttentionCase { options: causal, ..AttentionCase::new(1, 8, 2, 5, 3000, 64) },
+        // Logits in the hundreds, and a negative scale (the base-2 softmax folds only a
+        // positive scale into the exponent; a negative one takes the full-logit path).
+        AttentionCase { options: causal.with_scale(20.0), ..AttentionCase::new(1, 4, 2, 129, 200, 128) },
+        AttentionCase { options: AttentionOptions::default().with_scale(-0.2), ..AttentionCase::new(1, 4, 4, 70, 130, 64) },
     ];
     for case in cases {
         let start = Instant::now();

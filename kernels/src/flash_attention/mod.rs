@@ -834,6 +834,7 @@ pub fn launch_forward<R: Runtime>(
                 plan.split_len,
                 plan.config,
                 plan.planes,
+                !features.bias && features.softcap.is_none() && scale > 0.0,
                 [dtype, out_dtype],
             )
         };

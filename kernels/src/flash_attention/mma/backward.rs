@@ -5,22 +5,29 @@
 //! - dK/dV: planes own 16 keys; per query tile of every query head of the group,
 //!   `Sᵀ = K·Qᵀ`, `dPᵀ = V·dOᵀ`, `dV += Pᵀ·dO`, `dK += dSᵀ·Q`, so GQA gradients sum in registers.
 //!
-//! `P = exp(capped + bias − lse)` comes from the forward's log-sum-exp; `D = Σ dO·O` per row.
+//! `P = exp(capped + bias − lse)` comes from the forward's log-sum-exp, in base 2: the kernels
+//! hold `lse · log2 e` per row, so that with neither softcap nor bias a probability is one
+//! multiply-add (`s · scale · log2 e − lse · log2 e`) and one `ex2`. `D = Σ dO·O` per row.
 
 use super::super::{AttentionConfig, EMPTY_LSE, bias_at, capped_logit, logit_grad, packed_row};
 use super::{
-    mma_shape, lane_column, PLANE_ROWS, TILE, accumulate, fast_exp, pair_visible, row_block, row_fragments, scores, stage_pair, stage_tile, store_rows, tile_elems, zeros,
+    mma_shape, lane_column, LOG2_E, PLANE_ROWS, TILE, accumulate, fast_exp2, pair_visible, row_block, row_fragments, scores, stage_pair, stage_tile, store_rows, tile_elems, zeros,
 };
 use cubecl::cmma::MatrixIdent;
 use cubecl::prelude::barrier::Barrier;
 use cubecl::prelude::*;
 
-/// `(p, dS)` of one logit: `s` the raw score `q·k`, `dp` the gradient of `p`.
+/// `(p, dS)` of one logit: `s` the raw score `q·k`, `dp` the gradient of `p`, `lse2` the row's
+/// log-sum-exp times `log2 e`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn probability_and_grad(s: f32, dp: f32, bias: f32, lse: f32, delta: f32, scale: f32, softcap: f32, #[comptime] config: AttentionConfig) -> (f32, f32) {
+fn probability_and_grad(s: f32, dp: f32, bias: f32, lse2: f32, delta: f32, scale: f32, softcap: f32, #[comptime] config: AttentionConfig) -> (f32, f32) {
     let capped = capped_logit(s, scale, softcap, config);
-    let p = fast_exp(capped + bias - lse);
+    let p = if comptime!(config.softcap || config.bias) {
+        fast_exp2((capped + bias) * f32::new(LOG2_E) - lse2)
+    } else {
+        fast_exp2(s * (scale * f32::new(LOG2_E)) - lse2)
+    };
     (p, logit_grad(p, dp, delta, capped, softcap, config))
 }
 
@@ -72,7 +79,8 @@ fn query_tile_grads<F: Float, NC: Size>(
 
 /// dK/dV kernel, per query tile: `Sᵀ` in `st_acc` becomes `Pᵀ`, `dPᵀ` in `dpt_acc` becomes
 /// `dSᵀ`. Rows are keys `j0, j1`; columns are query positions `tile + c` of head `h`, whose
-/// log-sum-exp and `D` are at `stats[stats_at + c]` and `stats[stats_at + TILE + c]`.
+/// log-sum-exp (times `log2 e`) and `D` are at `stats[stats_at + c]` and
+/// `stats[stats_at + TILE + c]`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn key_tile_grads<F: Float, NC: Size>(
@@ -166,7 +174,7 @@ pub(in super::super) fn mma_backward_q_kernel<F: Float>(
     rows[1] = i0;
     rows[2] = h1;
     rows[3] = i1;
-    // (lse, D) of both rows; a missing row sees nothing (p = 0).
+    // (lse · log2 e, D) of both rows; a missing row sees nothing (p = 0).
     let mut stats = Array::<f32>::new(4usize);
     stats[0] = f32::new(EMPTY_LSE);
     stats[1] = 0.0;
@@ -174,12 +182,12 @@ pub(in super::super) fn mma_backward_q_kernel<F: Float>(
     stats[3] = 0.0;
     if valid0 {
         let at = (b * q_heads + h0) * q_len + i0;
-        stats[0] = lse[at];
+        stats[0] = lse[at] * f32::new(LOG2_E);
         stats[1] = delta[at];
     }
     if valid1 {
         let at = (b * q_heads + h1) * q_len + i1;
-        stats[2] = lse[at];
+        stats[2] = lse[at] * f32::new(LOG2_E);
         stats[3] = delta[at];
     }
 
@@ -386,7 +394,7 @@ pub(in super::super) fn mma_backward_kv_kernel<F: Float>(
     store_rows::<F, NC>(dv, &dv_acc, key0, key1, j0 < kv_len, j1 < kv_len, 1.0, 1.0, d);
 }
 
-/// `(lse, D)` of query `i` of head `h`, or a row that sees nothing past `last`.
+/// `(lse · log2 e, D)` of query `i` of head `h`, or a row that sees nothing past `last`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn query_stats(lse: &Tensor<f32>, delta: &Tensor<f32>, b: usize, h: usize, q_heads: usize, q_len: usize, i: usize, last: usize) -> (f32, f32) {
@@ -394,7 +402,7 @@ fn query_stats(lse: &Tensor<f32>, delta: &Tensor<f32>, b: usize, h: usize, q_hea
     let mut dl = 0.0f32;
     if i < last {
         let at = (b * q_heads + h) * q_len + i;
-        l = lse[at];
+        l = lse[at] * f32::new(LOG2_E);
         dl = delta[at];
     }
     (l, dl)

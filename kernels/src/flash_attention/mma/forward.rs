@@ -4,14 +4,15 @@
 //! the mask.
 
 use super::super::{AttentionConfig, EMPTY_LSE, MASKED, bias_at, capped_logit, packed_row};
-use super::{mma_shape, TILE, lane_column, accumulate, fast_exp, pair_visible, quad_max, quad_sum, row_block, row_fragments, scores, stage_pair, store_rows, tile_elems, zeros};
+use super::{mma_shape, LOG2_E, TILE, lane_column, accumulate, fast_exp2, pair_visible, quad_max, quad_sum, row_block, row_fragments, scores, stage_pair, store_rows, tile_elems, zeros};
 use cubecl::cmma::MatrixIdent;
 use cubecl::prelude::barrier::Barrier;
 use cubecl::prelude::*;
 
-/// Scale, cap, bias and (for `masked` tiles) mask this lane's scores of one key tile in place,
-/// returning the maxima of its two rows. Accumulator vector `x` holds row `x`, whose
-/// `(head, position)` are `rows[2x], rows[2x + 1]`.
+/// Turn this lane's scores of one key tile in place into the values the softmax runs on (see
+/// [`mma_forward_kernel`]'s `raw`): the raw scores, or the scaled, capped and biased logits; for
+/// `masked` tiles masked ones become `MASKED`. Returns the maxima of the lane's two rows.
+/// Accumulator vector `x` holds row `x`, whose `(head, position)` are `rows[2x], rows[2x + 1]`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn tile_logits<F: Float, NC: Size>(
@@ -28,6 +29,7 @@ fn tile_logits<F: Float, NC: Size>(
     scale: f32,
     softcap: f32,
     #[comptime] config: AttentionConfig,
+    #[comptime] raw: bool,
     #[comptime] masked: bool,
 ) -> (f32, f32) {
     let nc = NC::value();
@@ -46,7 +48,7 @@ fn tile_logits<F: Float, NC: Size>(
                 // Masked logits never read the bias: (i, j) may lie outside it.
                 let mut s = f32::new(MASKED);
                 if !masked || (valid[x] && pair_visible(i, j, q_len, end, q_len, kv_len, window, config)) {
-                    s = capped_logit(reg[e], scale, softcap, config) + bias_at(bias, b, h, i, j, config);
+                    s = if comptime!(raw) { reg[e] } else { capped_logit(reg[e], scale, softcap, config) + bias_at(bias, b, h, i, j, config) };
                 }
                 let at = comptime!(partial_slot(x, nt, e));
                 maxima[at] = maxima[at].max(s);
@@ -61,21 +63,22 @@ fn tile_logits<F: Float, NC: Size>(
     )
 }
 
-/// Turn this lane's logits into `exp(s − max)` in place (masked logits into 0) and return the
-/// lane's partial sums of its two rows.
+/// Turn this lane's softmax inputs `x` into `2^(u·x − u·max)` in place (masked ones into 0) and
+/// return the lane's partial sums of its two rows.
 #[cube]
-fn tile_probabilities<NC: Size>(s_acc: &mut Array<Vector<f32, NC>>, max0: f32, max1: f32, #[comptime] masked: bool) -> (f32, f32) {
+fn tile_probabilities<NC: Size>(s_acc: &mut Array<Vector<f32, NC>>, max0: f32, max1: f32, u: f32, #[comptime] masked: bool) -> (f32, f32) {
     let nc = NC::value();
     let mut sums = partials(0.0f32);
+    let (shift0, shift1) = (max0 * u, max1 * u);
     #[unroll]
     for nt in 0..comptime!(TILE / 8) {
         #[unroll]
         for x in 0..2usize {
             let mut reg = s_acc[comptime!(nt * 2 + x)];
-            let max = if comptime!(x == 0) { max0 } else { max1 };
+            let shift = if comptime!(x == 0) { shift0 } else { shift1 };
             #[unroll]
             for e in 0..nc {
-                let mut p = fast_exp(reg[e] - max);
+                let mut p = fast_exp2(reg[e] * u - shift);
                 if comptime!(masked) {
                     if reg[e] <= MASKED {
                         p = 0.0;
@@ -113,6 +116,11 @@ const fn partial_slot(x: usize, nt: usize, e: usize) -> usize {
 /// that are multiples of 8 elements and 16-byte aligned starts (the host checks). With
 /// `splits > 1`, `out` and `lse` are the f32 partials `[splits, batch, q_heads, q_len(, d)]` of
 /// the portable forward, each normalized over its split's keys.
+///
+/// The softmax runs in base 2 on values `x` with a per-kernel factor `u`: `p = 2^(u·x − u·max)`,
+/// one multiply-add and one `ex2` per probability. With `raw` (no softcap, no bias and a
+/// positive scale, which the host checks) `x` is the raw score `q·k` and `u = scale · log2 e`,
+/// so the scale costs nothing per score; otherwise `x` is the full logit and `u = log2 e`.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub(in super::super) fn mma_forward_kernel<F: Float, O: Float>(
@@ -129,6 +137,7 @@ pub(in super::super) fn mma_forward_kernel<F: Float, O: Float>(
     split_len: usize,
     #[comptime] config: AttentionConfig,
     #[comptime] planes: usize,
+    #[comptime] raw: bool,
     #[define(F, O)] _types: [StorageType; 2],
 ) {
     let def = mma_shape::<F>();
@@ -167,6 +176,9 @@ pub(in super::super) fn mma_forward_kernel<F: Float, O: Float>(
     let mut m1 = f32::new(MASKED);
     let mut l0 = 0.0f32;
     let mut l1 = 0.0f32;
+    // `x · unit` is a logit; `x · u` the same in base 2.
+    let unit = if comptime!(raw) { scale } else { f32::new(1.0) };
+    let u = unit * f32::new(LOG2_E);
 
     // Buffer n (0 or 1) holds K at `2n · streamed` elements and V right after it.
     let mut smem = SharedMemory::<F>::new_aligned(comptime!(4 * streamed), 16usize);
@@ -194,23 +206,23 @@ pub(in super::super) fn mma_forward_kernel<F: Float, O: Float>(
         // Online softmax; the mask only where a tile crosses an edge.
         let masked = tile < block.free_lo || next > block.free_hi;
         let (max0, max1) = if masked {
-            tile_logits::<F, NC>(&mut s_acc, bias, b, &rows, &valid, tile, end, q_len, kv_len, window, scale, softcap, config, true)
+            tile_logits::<F, NC>(&mut s_acc, bias, b, &rows, &valid, tile, end, q_len, kv_len, window, scale, softcap, config, raw, true)
         } else {
-            tile_logits::<F, NC>(&mut s_acc, bias, b, &rows, &valid, tile, end, q_len, kv_len, window, scale, softcap, config, false)
+            tile_logits::<F, NC>(&mut s_acc, bias, b, &rows, &valid, tile, end, q_len, kv_len, window, scale, softcap, config, raw, false)
         };
         let new0 = m0.max(quad_max(max0));
         let new1 = m1.max(quad_max(max1));
-        let alpha0 = fast_exp(m0 - new0);
-        let alpha1 = fast_exp(m1 - new1);
+        let alpha0 = fast_exp2((m0 - new0) * u);
+        let alpha1 = fast_exp2((m1 - new1) * u);
         // Once the running maxima settle, most tiles raise none of the plane's: then every
         // alpha is exactly 1 and the plane skips rescaling its output accumulators.
         let rescale = plane_any(new0 != m0 || new1 != m1);
         m0 = new0;
         m1 = new1;
         let (sum0, sum1) = if masked {
-            tile_probabilities::<NC>(&mut s_acc, new0, new1, true)
+            tile_probabilities::<NC>(&mut s_acc, new0, new1, u, true)
         } else {
-            tile_probabilities::<NC>(&mut s_acc, new0, new1, false)
+            tile_probabilities::<NC>(&mut s_acc, new0, new1, u, false)
         };
         // Each lane keeps its partial row sums; the quad adds them up once at the end.
         l0 = l0 * alpha0 + sum0;
@@ -250,10 +262,10 @@ pub(in super::super) fn mma_forward_kernel<F: Float, O: Float>(
         let mut value0 = f32::new(EMPTY_LSE);
         let mut value1 = f32::new(EMPTY_LSE);
         if l0 > 0.0 {
-            value0 = m0 + l0.ln();
+            value0 = m0 * unit + l0.ln();
         }
         if l1 > 0.0 {
-            value1 = m1 + l1.ln();
+            value1 = m1 * unit + l1.ln();
         }
         if valid0 {
             lse[stat0] = value0;
