@@ -62,6 +62,12 @@ impl AttentionConfig {
         self.lanes * self.block_q
     }
 
+    /// Whether a logit is the scaled score alone (no softcap, no bias): the tensor-core kernels
+    /// then fold the scale into the exponent's multiply-add.
+    pub fn scaled_score_logits(self) -> bool {
+        !self.softcap && !self.bias
+    }
+
     /// Shared memory one forward/dQ cube needs, in bytes.
     pub fn forward_shared_bytes(self) -> usize {
         4 * (2 * self.block_q * self.head_dim + 2 * self.block_k * self.head_dim + self.block_q * self.block_k)
@@ -834,7 +840,7 @@ pub fn launch_forward<R: Runtime>(
                 plan.split_len,
                 plan.config,
                 plan.planes,
-                !features.bias && features.softcap.is_none() && scale > 0.0,
+                plan.config.scaled_score_logits() && scale > 0.0,
                 [dtype, out_dtype],
             )
         };

@@ -23,10 +23,10 @@ use cubecl::prelude::*;
 #[allow(clippy::too_many_arguments)]
 fn probability_and_grad(s: f32, dp: f32, bias: f32, lse2: f32, delta: f32, scale: f32, softcap: f32, #[comptime] config: AttentionConfig) -> (f32, f32) {
     let capped = capped_logit(s, scale, softcap, config);
-    let p = if comptime!(config.softcap || config.bias) {
-        fast_exp2((capped + bias) * f32::new(LOG2_E) - lse2)
-    } else {
+    let p = if comptime!(config.scaled_score_logits()) {
         fast_exp2(s * (scale * f32::new(LOG2_E)) - lse2)
+    } else {
+        fast_exp2((capped + bias) * f32::new(LOG2_E) - lse2)
     };
     (p, logit_grad(p, dp, delta, capped, softcap, config))
 }
@@ -181,14 +181,14 @@ pub(in super::super) fn mma_backward_q_kernel<F: Float>(
     stats[2] = f32::new(EMPTY_LSE);
     stats[3] = 0.0;
     if valid0 {
-        let at = (b * q_heads + h0) * q_len + i0;
-        stats[0] = lse[at] * f32::new(LOG2_E);
-        stats[1] = delta[at];
+        let (l, dl) = row_stats(lse, delta, (b * q_heads + h0) * q_len + i0);
+        stats[0] = l;
+        stats[1] = dl;
     }
     if valid1 {
-        let at = (b * q_heads + h1) * q_len + i1;
-        stats[2] = lse[at] * f32::new(LOG2_E);
-        stats[3] = delta[at];
+        let (l, dl) = row_stats(lse, delta, (b * q_heads + h1) * q_len + i1);
+        stats[2] = l;
+        stats[3] = dl;
     }
 
     let q_frags = row_fragments::<F, NA>(q, b, block.head_base, block.plane_p0, block.packed, d);
@@ -401,9 +401,16 @@ fn query_stats(lse: &Tensor<f32>, delta: &Tensor<f32>, b: usize, h: usize, q_hea
     let mut l = f32::new(EMPTY_LSE);
     let mut dl = 0.0f32;
     if i < last {
-        let at = (b * q_heads + h) * q_len + i;
-        l = lse[at] * f32::new(LOG2_E);
-        dl = delta[at];
+        let (row_lse, row_delta) = row_stats(lse, delta, (b * q_heads + h) * q_len + i);
+        l = row_lse;
+        dl = row_delta;
     }
     (l, dl)
+}
+
+/// `(lse · log2 e, D)` of the row at `at`: the backward's statistics in the base-2 units its
+/// probabilities use.
+#[cube]
+fn row_stats(lse: &Tensor<f32>, delta: &Tensor<f32>, at: usize) -> (f32, f32) {
+    (lse[at] * f32::new(LOG2_E), delta[at])
 }
