@@ -268,6 +268,22 @@ fn time_few<T>(device: &CudaDevice, iters: usize, mut f: impl FnMut() -> T) -> f
     samples[1]
 }
 
+/// Seconds per call with as many calls per sample as fit `target` seconds, at most `max_iters`
+/// (results stay alive within a sample, so the cap bounds memory): median of three samples after
+/// a warm-up. One call per sample would add a host round trip and the launch to every timing
+/// (0.3–0.5 ms in a 2.5 ms attention forward), which the peers' event-timed loops do not pay.
+fn time_adaptive<T>(device: &CudaDevice, target: f64, max_iters: usize, mut f: impl FnMut() -> T) -> f64 {
+    let warm: Vec<T> = (0..2).map(|_| f()).collect();
+    sync_all(device);
+    drop(warm);
+    let start = Instant::now();
+    let one = f();
+    sync_all(device);
+    drop(one);
+    let iters = (target / start.elapsed().as_secs_f64()).clamp(3.0, max_iters as f64) as usize;
+    time_few(device, iters, f)
+}
+
 /// Flash attention at the FlashAttention-2 paper's shapes (batch × seq = 16k tokens, 2048 model
 /// width), forward and backward TFLOP/s (backward counted as 2.5 × forward FLOPs), the memory
 /// held for the backward at 16k, and one decoding step over a 32k cache. `forward_only` times the
@@ -289,14 +305,13 @@ fn bench_attention(device: &CudaDevice, quick: bool, forward_only: bool) {
                 let d_out = rand([batch, heads, seq, head_dim], device);
                 let options = AttentionOptions { causal, ..Default::default() };
                 let flops = 4.0 * (batch * heads * seq * seq * head_dim) as f64 * if causal { 0.5 } else { 1.0 };
-                let iters = (4096 * 4096 / (seq * seq)).clamp(1, 20);
-                let fwd = time_few(device, iters, || ops::flash_attention(q.clone(), k.clone(), v.clone(), None, options));
+                let fwd = time_adaptive(device, 0.05, 100, || ops::flash_attention(q.clone(), k.clone(), v.clone(), None, options));
                 if forward_only {
                     println!("bench kiln attention hd{head_dim} s{seq} b{batch} h{heads} causal={causal:<5} fwd {:8.3} ms {:6.1} TF/s", fwd * 1e3, flops / fwd / 1e12);
                     continue;
                 }
                 let saved = B::flash_attention_forward(q.clone().into_primitive().tensor(), k.clone().into_primitive().tensor(), v.clone().into_primitive().tensor(), None, options);
-                let bwd = time_few(device, iters, || {
+                let bwd = time_adaptive(device, 0.05, 100, || {
                     B::flash_attention_backward(q.clone().into_primitive().tensor(), k.clone().into_primitive().tensor(), v.clone().into_primitive().tensor(), None, saved.output.clone(), saved.lse.clone(), d_out.clone().into_primitive().tensor(), options)
                 });
                 println!(

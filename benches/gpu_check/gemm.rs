@@ -69,20 +69,6 @@ pub fn ordering_check(device: &CudaDevice) -> bool {
     ok
 }
 
-/// Seconds per call with as many calls per sample as fit ~0.1 s (the big products take tens of
-/// milliseconds, the small ones microseconds); median of three samples after a warm-up.
-fn time_adaptive<T>(device: &CudaDevice, mut f: impl FnMut() -> T) -> f64 {
-    let warm: Vec<T> = (0..2).map(|_| f()).collect();
-    super::sync_all(device);
-    drop(warm);
-    let start = Instant::now();
-    let one = f();
-    super::sync_all(device);
-    drop(one);
-    let iters = (0.1 / start.elapsed().as_secs_f64()).clamp(3.0, 500.0) as usize;
-    super::time_few(device, iters, f)
-}
-
 fn tflops(m: usize, k: usize, n: usize, seconds: f64) -> f64 {
     2.0 * (m * k * n) as f64 / seconds / 1e12
 }
@@ -99,8 +85,8 @@ pub fn bench(device: &CudaDevice, dtype: DType, quick: bool) {
         for m in MS {
             let x = cube_rand([m, k], dtype, device);
             let start = Instant::now();
-            let burn = if with_burn { time_adaptive(device, || x.clone().matmul(w.clone())) } else { f64::NAN };
-            let kiln = time_adaptive(device, || ops::matmul(x.clone(), w.clone()));
+            let burn = if with_burn { super::time_adaptive(device, 0.1, 500, || x.clone().matmul(w.clone())) } else { f64::NAN };
+            let kiln = super::time_adaptive(device, 0.1, 500, || ops::matmul(x.clone(), w.clone()));
             println!(
                 "bench gemm {dtype:?} m{m:<6} k{k:<6} n{n:<7} burn {:9.4} ms {:6.1} TF/s  kiln {:9.4} ms {:6.1} TF/s  kiln/burn {:5.2}x ({:.1} s)",
                 burn * 1e3,
@@ -121,7 +107,7 @@ pub fn bench_order(device: &CudaDevice) {
     let w = cube_rand([4096, 4096], DType::BF16, device);
     for m in [1, 8192] {
         let x = cube_rand([m, 4096], DType::BF16, device);
-        let t = time_adaptive(device, || ops::matmul(x.clone(), w.clone()));
+        let t = super::time_adaptive(device, 0.1, 500, || ops::matmul(x.clone(), w.clone()));
         println!("bench gemm order {order:?} m{m} k4096 n4096 bf16: {:.2} us {:.1} TF/s", t * 1e6, tflops(m, 4096, 4096, t));
     }
 }
@@ -181,7 +167,7 @@ pub fn bench_strategies(device: &CudaDevice) {
                 println!("bench gemm strategy {name:<28} m{m} k{k} n{n}: unavailable ({})", format!("{e:?}").chars().take(100).collect::<String>());
                 continue;
             }
-            let t = time_adaptive(device, || run().is_ok());
+            let t = super::time_adaptive(device, 0.1, 500, || run().is_ok());
             println!("bench gemm strategy {name:<28} m{m} k{k} n{n} bf16: {:9.4} ms {:6.1} TF/s ({:.1} s)", t * 1e3, tflops(m, k, n, t), start.elapsed().as_secs_f64());
         }
     }

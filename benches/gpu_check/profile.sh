@@ -5,10 +5,13 @@
 #                             its SASS (sass.py; sass.txt has each loop's instruction mix)
 #   ncu_fwd.txt, ncu_fwd_raw.csv, ncu_fwd_source.csv   Nsight Compute on one forward launch
 #                   (hd128 s4096 non-causal, the `attention-quick` shape)
+# The device tool returns at most 8 files from $OUT, so everything lands in $OUT/profile.tar.xz,
+# next to sass.txt and the register summary (regs.txt).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
-out=${OUT:-/tmp/kiln-profile}
-mkdir -p "$out"
+final=${OUT:-/tmp/kiln-profile}
+out=$(mktemp -d)
+mkdir -p "$final"
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
 
 # Log only the compiled sources. CUBECL_DEBUG_LOG also turns on CubeCL's profiling and autotune
@@ -25,4 +28,6 @@ ncu --clock-control none -k regex:mma_forward --launch-skip 3 --launch-count 1 -
 ncu --import /tmp/kiln-fwd.ncu-rep --page details > "$out/ncu_fwd.txt" 2>&1
 ncu --import /tmp/kiln-fwd.ncu-rep --page raw --csv > "$out/ncu_fwd_raw.csv" 2>&1
 ncu --import /tmp/kiln-fwd.ncu-rep --page source --csv --print-source sass > "$out/ncu_fwd_source.csv" 2>&1
-grep -h "registers\|spill" "$out"/*.regs
+grep -h "registers\|spill" "$out"/*.regs | tee "$final/regs.txt"
+cp "$out/sass.txt" "$final/"
+tar -C "$out" -cJf "$final/profile.tar.xz" .
