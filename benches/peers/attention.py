@@ -1,8 +1,9 @@
 """Peer timings for kiln's attention benches: torch SDPA at the shapes of gpu_check's
 bench_attention (batch x seq = 16k tokens, 2048 model width), forward and forward+backward TFLOP/s
 (backward = 2.5 x forward FLOPs), the memory held for the backward, and one decoding step.
-`attention.py fwd` times the forward alone (gpu_check's attention-fwd mode). Prints lines
-starting with `peer`."""
+`attention.py fwd` times the forward alone (gpu_check's attention-fwd mode); `attention.py
+backends` times SDPA's FlashAttention-2 backend (torch's FLASH_ATTENTION, mma.sync like kiln) and its
+cuDNN backend separately at hd64/hd128, s4096 and s16384. Prints lines starting with `peer`."""
 import sys
 
 import torch
@@ -13,6 +14,27 @@ from timing import fwd_bwd, ms
 dev = "cuda"
 bf = torch.bfloat16
 forward_only = sys.argv[1:] == ["fwd"]
+backends = sys.argv[1:] == ["backends"]
+
+if backends:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    for name, backend in (("flash2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+        for hd in (64, 128):
+            for seq in (4096, 16384):
+                for causal in (False, True):
+                    b, h = 16384 // seq, 2048 // hd
+                    q, k, v = (torch.randn(b, h, seq, hd, device=dev, dtype=bf, requires_grad=True) for _ in range(3))
+                    do = torch.randn(b, h, seq, hd, device=dev, dtype=bf)
+                    flops = 4 * b * h * seq * seq * hd * (0.5 if causal else 1.0)
+                    with sdpa_kernel(backend):
+                        with torch.no_grad():
+                            f = ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+                        fb = ms(fwd_bwd(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), [q, k, v], do))
+                    print(f"peer torch sdpa[{name}] hd{hd} s{seq} b{b} h{h} causal={causal!s:<5} fwd {f:8.3f} ms {flops / f / 1e9:6.1f} TF/s"
+                          f"  fwd+bwd {fb:8.3f} ms {3.5 * flops / fb / 1e9:6.1f} TF/s", flush=True)
+                    del q, k, v, do
+    sys.exit(0)
 
 for hd in (64, 128):
     for seq in (1024, 4096, 8192, 16384):
