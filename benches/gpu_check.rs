@@ -197,6 +197,10 @@ fn parity_tensor_cores(device: &CudaDevice, dtype: DType) -> bool {
     let mut ok = true;
     let causal = AttentionOptions::causal();
     let cases = [
+        // Decoding and speculative decoding: few packed rows, split KV (32 splits of 640 keys,
+        // the last ragged, for the first).
+        AttentionCase { options: causal, ..AttentionCase::new(1, 32, 8, 1, 20000, 128) },
+        AttentionCase { options: causal, ..AttentionCase::new(1, 8, 2, 5, 3000, 64) },
         AttentionCase { options: causal, ..AttentionCase::new(2, 8, 2, 257, 257, 128) },
         AttentionCase::new(1, 4, 4, 300, 1000, 64),
         AttentionCase { options: causal.with_window(64).with_softcap(30.0), bias: true, ..AttentionCase::new(1, 4, 2, 65, 300, 96) },
@@ -204,9 +208,6 @@ fn parity_tensor_cores(device: &CudaDevice, dtype: DType) -> bool {
         // Whole unmasked tiles and a ragged tail; an 8-way group; causal with a cache offset.
         AttentionCase::new(1, 8, 1, 1000, 1000, 128),
         AttentionCase { options: causal, ..AttentionCase::new(2, 4, 2, 100, 1000, 128) },
-        // Decoding and speculative decoding: few packed rows, split KV.
-        AttentionCase { options: causal, ..AttentionCase::new(1, 32, 8, 1, 4000, 128) },
-        AttentionCase { options: causal, ..AttentionCase::new(1, 8, 2, 5, 3000, 64) },
         // Logits in the hundreds, and a negative scale (the base-2 softmax folds only a
         // positive scale into the exponent; a negative one takes the full-logit path).
         AttentionCase { options: causal.with_scale(20.0), ..AttentionCase::new(1, 4, 2, 129, 200, 128) },
@@ -344,7 +345,13 @@ fn bench_attention(device: &CudaDevice, quick: bool, forward_only: bool) {
     println!("bench attention memory after forward (autodiff), causal s{seq} h{heads} d{d} bf16: kiln {kiln_gb:.3} GB, naive (materialized scores) {naive_gb:.3} GB");
     drop(inputs);
 
-    // Decoding: one query token, 32 q heads over an 8-kv-head cache of 32768 positions.
+    bench_decode(device);
+}
+
+/// One decoding step: one query token, 32 q heads over an 8-kv-head cache of 32768 positions.
+fn bench_decode(device: &CudaDevice) {
+    let client = <cubecl::cuda::CudaRuntime as cubecl::Runtime>::client(device);
+    let features = kiln_kernels::flash_attention::AttentionFeatures { causal: true, window: None, softcap: None, bias: false };
     let (q_heads, kv_heads, cache, d) = (32, 8, 32768, 128);
     let q = rand([1, q_heads, 1, d], device);
     let k = rand([1, kv_heads, cache, d], device);
@@ -391,6 +398,9 @@ fn main() {
     }
     if mode == "gemm-strategies" {
         gemm::bench_strategies(&device);
+    }
+    if mode == "attention-decode" {
+        bench_decode(&device);
     }
     if mode == "attention-fwd" {
         bench_attention(&device, false, true);

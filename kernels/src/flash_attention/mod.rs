@@ -356,9 +356,15 @@ fn forward_kernel<F: Float, O: Float>(
     }
 }
 
-/// Merge split-KV partials: `out = Σ_s w_s · o_s` with `w_s = exp(lse_s − lse)`, `lse` the
-/// log-sum-exp over splits. One unit per output element; partials `[splits, rows, d]` f32.
+/// Merge split-KV partials: `out = Σ_s w_s · o_s / Σ_s w_s` with `w_s = exp(lse_s − top)`, `top`
+/// the largest split log-sum-exp, and `lse = top + ln Σ_s w_s`. Partials `[splits, rows, d]` f32.
+///
+/// One cube per row (grid x · y ≥ `rows`), units `(column, group)`: `groups` groups take the
+/// splits in turn, so a row's splits are read in parallel; `cols` columns at a time. Decoding has
+/// few rows and many splits: one unit per output element looping over every split ran tens of
+/// sequential loads per unit on a few dozen warps.
 #[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
 fn combine_kernel<O: Float>(
     partial_out: &Tensor<f32>,
     partial_lse: &Tensor<f32>,
@@ -367,39 +373,80 @@ fn combine_kernel<O: Float>(
     splits: usize,
     rows: usize,
     #[comptime] head_dim: usize,
+    #[comptime] cols: usize,
+    #[comptime] groups: usize,
     #[define(O)] _dtype: StorageType,
 ) {
-    let index = ABSOLUTE_POS;
-    if index >= rows * head_dim {
-        terminate!();
-    }
-    let r = index / head_dim;
+    let r = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize;
+    let group = UNIT_POS_Y as usize;
+    let unit = UNIT_POS as usize;
+    let units = comptime!(cols * groups);
+    let mut values = SharedMemory::<f32>::new(units);
+    let mut weights = SharedMemory::<f32>::new(units);
+    // Each unit's largest split lse, then the cube's by a tree over shared memory.
     let mut top = f32::new(MASKED);
-    for s in 0..splits {
-        let value = partial_lse[s * rows + r];
-        if value < EMPTY_LSE {
-            top = top.max(value);
+    if r < rows {
+        let mut s = unit;
+        while s < splits {
+            let value = partial_lse[s * rows + r];
+            if value < EMPTY_LSE {
+                top = top.max(value);
+            }
+            s += units;
         }
     }
-    let mut total = 0.0f32;
-    let mut acc = 0.0f32;
-    for s in 0..splits {
-        let value = partial_lse[s * rows + r];
-        if value < EMPTY_LSE {
-            let w = (value - top).exp();
-            total += w;
-            acc += w * partial_out[s * rows * head_dim + index];
+    values[unit] = top;
+    sync_cube();
+    let mut stride = comptime!(units.next_power_of_two() / 2).runtime();
+    while stride > 0 {
+        if unit < stride && unit + stride < units {
+            values[unit] = values[unit].max(values[unit + stride]);
         }
+        sync_cube();
+        stride /= 2;
     }
-    let mut result = 0.0f32;
-    let mut row_lse = f32::new(EMPTY_LSE);
-    if total > 0.0 {
-        result = acc / total;
-        row_lse = top + total.ln();
-    }
-    out[index] = O::cast_from(result);
-    if index % head_dim == 0 {
-        lse[r] = row_lse;
+    top = values[0];
+    sync_cube();
+    let mut c0 = 0usize;
+    while c0 < head_dim {
+        let column = c0 + UNIT_POS_X as usize;
+        // This group's weighted sum of its splits' values in this column, and of its weights.
+        let mut acc = 0.0f32;
+        let mut total = 0.0f32;
+        if r < rows && column < head_dim {
+            let mut s = group;
+            while s < splits {
+                let value = partial_lse[s * rows + r];
+                if value < EMPTY_LSE {
+                    let w = (value - top).exp();
+                    total += w;
+                    acc += w * partial_out[(s * rows + r) * head_dim + column];
+                }
+                s += groups;
+            }
+        }
+        values[unit] = acc;
+        weights[unit] = total;
+        sync_cube();
+        if group == 0 && r < rows && column < head_dim {
+            #[unroll]
+            for g in 1..groups {
+                acc += values[comptime!(g * cols) + unit];
+                total += weights[comptime!(g * cols) + unit];
+            }
+            let mut result = 0.0f32;
+            let mut row_lse = f32::new(EMPTY_LSE);
+            if total > 0.0 {
+                result = acc / total;
+                row_lse = top + total.ln();
+            }
+            out[r * head_dim + column] = O::cast_from(result);
+            if column == 0 {
+                lse[r] = row_lse;
+            }
+        }
+        sync_cube();
+        c0 += cols;
     }
 }
 
@@ -718,8 +765,8 @@ impl AttentionPlan {
     /// The forward runs on tensor cores when the runtime offers `mma.sync` m16n8k16 for `dtype`
     /// and `cp.async` (f16/bf16 on CUDA sm_80+) and the head size is a multiple of 16 up to 128;
     /// its cubes hold up to four planes of 16 packed rows. `KILN_ATTENTION_PORTABLE=1` forces the
-    /// portable kernels and `KILN_ATTENTION_PLANES=n` (1 to 16) `n` planes per tensor-core cube
-    /// (both for measurements).
+    /// portable kernels, `KILN_ATTENTION_PLANES=n` (1 to 16) `n` planes per tensor-core cube and
+    /// `KILN_ATTENTION_SPLITS=n` `n` KV splits (all for measurements).
     pub fn new<R: Runtime>(
         client: &ComputeClient<R>,
         shape: AttentionShape,
@@ -760,8 +807,13 @@ impl AttentionPlan {
         let sms = props.hardware.num_streaming_multiprocessors.unwrap_or(16) as usize;
         let tiles = shape.kv_len.div_ceil(key_tile).max(1);
         // Each split keeps at least four key tiles so the merge stays cheap next to the work.
-        let splits = if cubes >= sms { 1 } else { (2 * sms).div_ceil(cubes).min(tiles.div_ceil(4)).max(1) };
-        let split_len = tiles.div_ceil(splits) * key_tile;
+        // `KILN_ATTENTION_SPLITS=n` forces `n` splits (for measurements).
+        let splits = std::env::var("KILN_ATTENTION_SPLITS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(if cubes >= sms { 1 } else { (2 * sms).div_ceil(cubes).min(tiles.div_ceil(4)).max(1) });
+        let split_len = tiles.div_ceil(splits.min(tiles)) * key_tile;
         let splits = shape.kv_len.div_ceil(split_len.max(1)).max(1);
         Ok(Self { config, splits, split_len, tensor_cores, planes })
     }
@@ -885,11 +937,19 @@ pub fn launch_combine<R: Runtime>(
     out: TensorArg<R>,
     lse: TensorArg<R>,
 ) {
-    let (count, dim) = crate::row::elementwise_geometry(client, rows * head_dim);
+    // Columns and split groups per cube: all columns if they fit the device's cube, then as many
+    // groups as fit and there are splits.
+    let max_units = client.properties().hardware.max_units_per_cube.min(1024) as usize;
+    let cols = head_dim.min(max_units);
+    let groups = (max_units / cols).clamp(1, splits.max(1));
+    let x = rows.clamp(1, u16::MAX as usize);
+    let count = CubeCount::Static(x as u32, rows.div_ceil(x) as u32, 1);
+    let dim = CubeDim::new_2d(cols as u32, groups as u32);
     // SAFETY: the partials hold `splits × rows × head_dim` and `splits × rows` values, the
-    // outputs `rows × head_dim` and `rows`; units past the end exit first.
+    // outputs `rows × head_dim` and `rows`; a cube past the last row writes nothing and reads
+    // no partial.
     unsafe {
-        combine_kernel::launch_unchecked::<R>(client, count, dim, partial_out, partial_lse, out, lse, splits, rows, head_dim, dtype)
+        combine_kernel::launch_unchecked::<R>(client, count, dim, partial_out, partial_lse, out, lse, splits, rows, head_dim, cols, groups, dtype)
     }
 }
 
