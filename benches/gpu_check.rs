@@ -82,24 +82,31 @@ fn run_check<C: Case>(case: &C, device: &CudaDevice, dtype: DType) -> Vec<common
     check::<Ad, C>(case, device, dtype)
 }
 
-/// Median seconds per call of `f` over `iters` calls (after a warm-up), syncing the device.
+/// Median seconds per call of `f` over five samples of `iters` calls (after three warm-up calls).
+fn time<T>(device: &CudaDevice, iters: usize, f: impl FnMut() -> T) -> f64 {
+    time_samples(device, 3, 5, iters, f)
+}
+
+/// Median seconds per call of `f` over `samples` samples of `iters` calls each, after `warmups`
+/// calls, waiting for every stream kiln uses at the end of each sample.
 ///
 /// Results stay alive until the device has synced: Burn's fusion skips work whose results are
 /// dropped unread, which would time nothing.
-fn time<T>(device: &CudaDevice, iters: usize, mut f: impl FnMut() -> T) -> f64 {
-    let warm: Vec<T> = (0..3).map(|_| f()).collect();
-    B::sync(device).unwrap();
+fn time_samples<T>(device: &CudaDevice, warmups: usize, samples: usize, iters: usize, mut f: impl FnMut() -> T) -> f64 {
+    let warm: Vec<T> = (0..warmups).map(|_| f()).collect();
+    sync_all(device);
     drop(warm);
-    let mut samples = Vec::new();
-    for _ in 0..5 {
-        let start = Instant::now();
-        let results: Vec<T> = (0..iters).map(|_| f()).collect();
-        B::sync(device).unwrap();
-        samples.push(start.elapsed().as_secs_f64() / iters as f64);
-        drop(results);
-    }
-    samples.sort_by(f64::total_cmp);
-    samples[samples.len() / 2]
+    let mut times: Vec<f64> = (0..samples)
+        .map(|_| {
+            let start = Instant::now();
+            let results: Vec<T> = (0..iters).map(|_| f()).collect();
+            sync_all(device);
+            drop(results);
+            start.elapsed().as_secs_f64() / iters as f64
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[samples / 2]
 }
 
 fn line(name: &str, seconds: f64, bytes: f64, copy_rate: f64) {
@@ -252,21 +259,8 @@ fn sync_all(device: &CudaDevice) {
 }
 
 /// Seconds per call of `f`, `iters` calls per sample, median of three samples after one warm-up.
-fn time_few<T>(device: &CudaDevice, iters: usize, mut f: impl FnMut() -> T) -> f64 {
-    let warm = f();
-    sync_all(device);
-    drop(warm);
-    let mut samples: Vec<f64> = (0..3)
-        .map(|_| {
-            let start = Instant::now();
-            let results: Vec<T> = (0..iters).map(|_| f()).collect();
-            sync_all(device);
-            drop(results);
-            start.elapsed().as_secs_f64() / iters as f64
-        })
-        .collect();
-    samples.sort_by(f64::total_cmp);
-    samples[1]
+fn time_few<T>(device: &CudaDevice, iters: usize, f: impl FnMut() -> T) -> f64 {
+    time_samples(device, 1, 3, iters, f)
 }
 
 /// Seconds per call with as many calls per sample as fit `target` seconds, at most `max_iters`
