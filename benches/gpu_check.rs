@@ -265,18 +265,20 @@ fn time_few<T>(device: &CudaDevice, iters: usize, f: impl FnMut() -> T) -> f64 {
 
 /// Seconds per call with as many calls per sample as fit `target` seconds, at most `max_iters`
 /// (results stay alive within a sample, so the cap bounds memory): median of three samples after
-/// a warm-up. One call per sample would add a host round trip and the launch to every timing
-/// (0.3–0.5 ms in a 2.5 ms attention forward), which the peers' event-timed loops do not pay.
+/// two warm-up calls and one timed probe call. One call per sample would add a host round trip
+/// and the launch to every timing (0.55–0.65 ms on a 2.3 ms attention forward on the H100),
+/// which the peers' event-timed loops do not pay.
 fn time_adaptive<T>(device: &CudaDevice, target: f64, max_iters: usize, mut f: impl FnMut() -> T) -> f64 {
     let warm: Vec<T> = (0..2).map(|_| f()).collect();
     sync_all(device);
     drop(warm);
     let start = Instant::now();
-    let one = f();
+    let probe = f();
     sync_all(device);
-    drop(one);
+    drop(probe);
     let iters = (target / start.elapsed().as_secs_f64()).clamp(3.0, max_iters as f64) as usize;
-    time_few(device, iters, f)
+    // The probe was the last warm-up.
+    time_samples(device, 0, 3, iters, f)
 }
 
 /// Flash attention at the FlashAttention-2 paper's shapes (batch × seq = 16k tokens, 2048 model

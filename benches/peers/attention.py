@@ -16,6 +16,22 @@ bf = torch.bfloat16
 forward_only = sys.argv[1:] == ["fwd"]
 backends = sys.argv[1:] == ["backends"]
 
+def sdpa_line(label, hd, seq, causal, with_backward):
+    """One `peer` line: SDPA at head size `hd`, length `seq` (batch x seq = 16k tokens, 2048 model
+    width), forward and (with `with_backward`) forward+backward, under whatever backend is active."""
+    b, h = 16384 // seq, 2048 // hd
+    q, k, v = (torch.randn(b, h, seq, hd, device=dev, dtype=bf, requires_grad=True) for _ in range(3))
+    do = torch.randn(b, h, seq, hd, device=dev, dtype=bf)
+    flops = 4 * b * h * seq * seq * hd * (0.5 if causal else 1.0)
+    with torch.no_grad():
+        f = ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+    line = f"peer torch {label} hd{hd} s{seq} b{b} h{h} causal={causal!s:<5} fwd {f:8.3f} ms {flops / f / 1e9:6.1f} TF/s"
+    if with_backward:
+        fb = ms(fwd_bwd(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), [q, k, v], do))
+        line += f"  fwd+bwd {fb:8.3f} ms {3.5 * flops / fb / 1e9:6.1f} TF/s"
+    print(line, flush=True)
+
+
 if backends:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -23,34 +39,14 @@ if backends:
         for hd in (64, 128):
             for seq in (4096, 16384):
                 for causal in (False, True):
-                    b, h = 16384 // seq, 2048 // hd
-                    q, k, v = (torch.randn(b, h, seq, hd, device=dev, dtype=bf, requires_grad=True) for _ in range(3))
-                    do = torch.randn(b, h, seq, hd, device=dev, dtype=bf)
-                    flops = 4 * b * h * seq * seq * hd * (0.5 if causal else 1.0)
                     with sdpa_kernel(backend):
-                        with torch.no_grad():
-                            f = ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
-                        fb = ms(fwd_bwd(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), [q, k, v], do))
-                    print(f"peer torch sdpa[{name}] hd{hd} s{seq} b{b} h{h} causal={causal!s:<5} fwd {f:8.3f} ms {flops / f / 1e9:6.1f} TF/s"
-                          f"  fwd+bwd {fb:8.3f} ms {3.5 * flops / fb / 1e9:6.1f} TF/s", flush=True)
-                    del q, k, v, do
+                        sdpa_line(f"sdpa[{name}]", hd, seq, causal, True)
     sys.exit(0)
 
 for hd in (64, 128):
     for seq in (1024, 4096, 8192, 16384):
         for causal in (False, True):
-            b, h = 16384 // seq, 2048 // hd
-            q, k, v = (torch.randn(b, h, seq, hd, device=dev, dtype=bf, requires_grad=True) for _ in range(3))
-            do = torch.randn(b, h, seq, hd, device=dev, dtype=bf)
-            flops = 4 * b * h * seq * seq * hd * (0.5 if causal else 1.0)
-            with torch.no_grad():
-                f = ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
-            line = f"peer torch sdpa hd{hd} s{seq} b{b} h{h} causal={causal!s:<5} fwd {f:8.3f} ms {flops / f / 1e9:6.1f} TF/s"
-            if not forward_only:
-                fb = ms(fwd_bwd(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), [q, k, v], do))
-                line += f"  fwd+bwd {fb:8.3f} ms {3.5 * flops / fb / 1e9:6.1f} TF/s"
-            print(line)
-            del q, k, v, do
+            sdpa_line("sdpa", hd, seq, causal, not forward_only)
 
 if forward_only:
     sys.exit(0)

@@ -796,11 +796,7 @@ impl AttentionPlan {
         let packed = group * shape.q_len;
         let portable = std::env::var("KILN_ATTENTION_PORTABLE").is_ok_and(|v| v == "1");
         // Short packed rows (decoding) fill fewer planes; the KV splits fill the GPU instead.
-        let planes = std::env::var("KILN_ATTENTION_PLANES")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .filter(|p| (1..=16).contains(p))
-            .unwrap_or_else(|| packed.div_ceil(mma::PLANE_ROWS).clamp(1, 4));
+        let planes = measurement_override("KILN_ATTENTION_PLANES", 1..=16).unwrap_or_else(|| packed.div_ceil(mma::PLANE_ROWS).clamp(1, 4));
         let tensor_cores = !portable && tensor_cores(client, dtype, shape.head_dim, planes);
         let (rows, key_tile) = if tensor_cores { (planes * mma::PLANE_ROWS, mma::TILE) } else { (config.block_q, config.block_k) };
         let cubes = packed.div_ceil(rows) * shape.kv_heads * shape.batch;
@@ -808,15 +804,17 @@ impl AttentionPlan {
         let tiles = shape.kv_len.div_ceil(key_tile).max(1);
         // Each split keeps at least four key tiles so the merge stays cheap next to the work.
         // `KILN_ATTENTION_SPLITS=n` forces `n` splits (for measurements).
-        let splits = std::env::var("KILN_ATTENTION_SPLITS")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .filter(|&n| n > 0)
-            .unwrap_or(if cubes >= sms { 1 } else { (2 * sms).div_ceil(cubes).min(tiles.div_ceil(4)).max(1) });
+        let splits = measurement_override("KILN_ATTENTION_SPLITS", 1..=usize::MAX).unwrap_or(if cubes >= sms { 1 } else { (2 * sms).div_ceil(cubes).min(tiles.div_ceil(4)).max(1) });
         let split_len = tiles.div_ceil(splits.min(tiles)) * key_tile;
         let splits = shape.kv_len.div_ceil(split_len.max(1)).max(1);
         Ok(Self { config, splits, split_len, tensor_cores, planes })
     }
+}
+
+/// A count forced through environment variable `name` for measurements, if set to a number in
+/// `valid`.
+fn measurement_override(name: &str, valid: std::ops::RangeInclusive<usize>) -> Option<usize> {
+    std::env::var(name).ok().and_then(|v| v.parse::<usize>().ok()).filter(|n| valid.contains(n))
 }
 
 /// Whether the tensor-core forward can run `dtype` heads of `head_dim` on `client`.
