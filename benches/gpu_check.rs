@@ -281,6 +281,36 @@ fn time_adaptive<T>(device: &CudaDevice, target: f64, max_iters: usize, mut f: i
     time_samples(device, 0, 3, iters, f)
 }
 
+/// The GPU's own time per call of `f`, where the host is slower than the GPU at small sizes:
+/// `calls` calls enqueued behind ~40 ms of CubeCL work (a chain of 8192² bf16 matmuls, timed
+/// alone first), and the drain timed; median of three. Also returns the host time to enqueue
+/// them (the figure holds only if that is below the busy work's time).
+fn gpu_time_per_call<T>(device: &CudaDevice, calls: usize, mut f: impl FnMut() -> T) -> (f64, f64) {
+    let slow = rand([8192, 8192], device);
+    let busy = || {
+        let mut y = slow.clone();
+        for _ in 0..6 {
+            y = y.matmul(slow.clone()) * (1.0 / 90.5);
+        }
+        y
+    };
+    let alone = time_samples(device, 1, 3, 1, busy);
+    let mut rows: Vec<(f64, f64)> = (0..3)
+        .map(|_| {
+            let start = Instant::now();
+            let b = busy();
+            let outs: Vec<T> = (0..calls).map(|_| f()).collect();
+            let enqueued = start.elapsed().as_secs_f64();
+            sync_all(device);
+            let total = start.elapsed().as_secs_f64();
+            drop((b, outs));
+            ((total - alone) / calls as f64, enqueued)
+        })
+        .collect();
+    rows.sort_by(|a, b| a.0.total_cmp(&b.0));
+    rows[1]
+}
+
 /// Flash attention at the FlashAttention-2 paper's shapes (batch × seq = 16k tokens, 2048 model
 /// width), forward and backward TFLOP/s (backward counted as 2.5 × forward FLOPs), the memory
 /// held for the backward at 16k, and one decoding step over a 32k cache. `forward_only` times the
@@ -358,6 +388,8 @@ fn bench_decode(device: &CudaDevice) {
     let t = time(device, 50, || ops::flash_attention(q.clone(), k.clone(), v.clone(), None, AttentionOptions::causal()));
     let bytes = 2.0 * (kv_heads * cache * d) as f64 * 2.0;
     println!("bench kiln attention decode q1 hq{q_heads} hk{kv_heads} cache{cache} d{d}: {:.1} us ({:.0} GB/s of K+V)", t * 1e6, bytes / t / 1e9);
+    let (gpu, enqueue) = gpu_time_per_call(device, 300, || ops::flash_attention(q.clone(), k.clone(), v.clone(), None, AttentionOptions::causal()));
+    println!("bench kiln attention decode GPU time: {:.1} us/call ({:.0} GB/s of K+V; 300 enqueued behind busy work in {:.1} ms)", gpu * 1e6, bytes / gpu / 1e9, enqueue * 1e3);
 }
 
 fn main() {
@@ -388,6 +420,9 @@ fn main() {
     }
     if mode == "gemm" || mode == "gemm-f32" {
         gemm::bench(&device, DType::F32, false);
+    }
+    if mode == "gemm-host" {
+        gemm::bench_host(&device);
     }
     if mode == "gemm-linear" {
         gemm::bench_linear(&device);

@@ -7,6 +7,8 @@ mod common;
 use burn::backend::{Autodiff, NdArray};
 use burn::tensor::{DType, Tensor};
 use common::checks::{GemmCase, GemmKind, assert_cases};
+use common::{random, tensor};
+use kiln::KilnAutodiffBackend;
 
 fn mm(transpose_lhs: bool, transpose_rhs: bool, shared_rhs: bool) -> GemmKind {
     GemmKind::Matmul { transpose_lhs, transpose_rhs, shared_rhs }
@@ -46,6 +48,43 @@ fn gemm_matches_reference_on_wgpu() {
 #[test]
 fn gemm_runs_through_autodiff_ndarray() {
     assert_cases::<Autodiff<NdArray>, _>(&cases(), &Default::default(), &[DType::F32]);
+}
+
+/// Operands of rank 4 (batched heads, and a shared `[1, 1, k, n]` right operand folded into one
+/// product) and rank 2 enter the op as they are and are viewed as rank 3 inside it: the output
+/// and both gradients, in each operand's own shape, equal Burn's matmul on the same backend.
+fn any_rank_matches_burn<B: KilnAutodiffBackend>(device: &B::Device) {
+    fn check<B: KilnAutodiffBackend, const D: usize>(lhs: &[usize], rhs: &[usize], device: &B::Device) {
+        let a = tensor::<B, D>(&random(lhs, 1), DType::F32, device).require_grad();
+        let b = tensor::<B, D>(&random(rhs, 2), DType::F32, device).require_grad();
+        let (y, y_ref) = (kiln::ops::matmul(a.clone(), b.clone()), a.clone().matmul(b.clone()));
+        assert_eq!(y.dims(), y_ref.dims());
+        let w = tensor::<B, D>(&random(&y.dims(), 3), DType::F32, device);
+        let (g, g_ref) = ((y.clone() * w.clone()).sum().backward(), (y_ref.clone() * w).sum().backward());
+        let pairs = [
+            ("y", y.into_data(), y_ref.into_data()),
+            ("dlhs", a.grad(&g).unwrap().into_data(), a.grad(&g_ref).unwrap().into_data()),
+            ("drhs", b.grad(&g).unwrap().into_data(), b.grad(&g_ref).unwrap().into_data()),
+        ];
+        for (name, got, want) in pairs {
+            assert_eq!(got.shape, want.shape, "{name} of {lhs:?}·{rhs:?}");
+            got.assert_approx_eq::<f32>(&want, burn::tensor::Tolerance::rel_abs(1e-4, 1e-4));
+        }
+    }
+    check::<B, 4>(&[2, 3, 5, 7], &[2, 3, 7, 4], device);
+    check::<B, 4>(&[2, 3, 5, 7], &[1, 1, 7, 4], device);
+    check::<B, 2>(&[5, 7], &[7, 4], device);
+}
+
+#[test]
+fn matmul_of_any_rank_on_wgpu() {
+    let Some(device) = common::wgpu_device() else { return };
+    any_rank_matches_burn::<Autodiff<burn::backend::Wgpu>>(&device);
+}
+
+#[test]
+fn matmul_of_any_rank_on_ndarray() {
+    any_rank_matches_burn::<Autodiff<NdArray>>(&Default::default());
 }
 
 #[test]

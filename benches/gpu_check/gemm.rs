@@ -202,3 +202,40 @@ pub fn bench_linear(device: &CudaDevice) {
         );
     }
 }
+
+/// Where the time of a small product goes (bf16, M × 4096·4096, issue 5's host-bound rows), per
+/// call, each timed three times interleaved (host timings on the GPU machine drift by ±20%
+/// between runs): kiln's product through Burn's fusion (as `Cuda` users call it); the same with
+/// the operands reshaped to rank 3 and back around it (what every product recorded before the
+/// views moved into the op); the product on `CubeBackend` (no fusion); Burn's own matmul; one
+/// Burn elementwise op on the same input (Burn's per-op floor). Then the GPU's own time per
+/// product ([`super::gpu_time_per_call`]).
+pub fn bench_host(device: &CudaDevice) {
+    use burn_cubecl::CubeBackend;
+    type Cube = CubeBackend<CudaRuntime, f32, i32, u8>;
+    let order = ops::matmul::cublaslt_stream_order(device.index);
+    let w = cube_rand([4096, 4096], DType::BF16, device);
+    let wc = Tensor::<Cube, 2>::random([4096, 4096], Distribution::Normal(0.0, 1.0), device).cast(DType::BF16);
+    for m in [1usize, 16, 512] {
+        let x = cube_rand([m, 4096], DType::BF16, device);
+        let xc = Tensor::<Cube, 2>::random([m, 4096], Distribution::Normal(0.0, 1.0), device).cast(DType::BF16);
+        let rank3 = || ops::matmul(x.clone().reshape([1, m, 4096]), w.clone().reshape([1, 4096, 4096])).reshape([m, 4096]);
+        let mut rows: [Vec<f64>; 5] = Default::default();
+        for _ in 0..3 {
+            rows[0].push(super::time_adaptive(device, 0.05, 2000, || ops::matmul(x.clone(), w.clone())));
+            rows[1].push(super::time_adaptive(device, 0.05, 2000, rank3));
+            rows[2].push(super::time_adaptive(device, 0.05, 2000, || ops::matmul(xc.clone(), wc.clone())));
+            rows[3].push(super::time_adaptive(device, 0.05, 2000, || x.clone().matmul(w.clone())));
+            rows[4].push(super::time_adaptive(device, 0.05, 2000, || x.clone() + 1.0));
+        }
+        let [kiln, old, cube, burn, add] = rows.map(|mut r| {
+            r.sort_by(f64::total_cmp);
+            r[1] * 1e6
+        });
+        println!(
+            "bench gemm host {order:?} m{m} k4096 n4096 bf16 us/call: kiln {kiln:.1}  kiln with rank-3 reshapes around it {old:.1}  kiln on CubeBackend {cube:.1}  burn matmul {burn:.1}  burn x+1 {add:.1}"
+        );
+        let (gpu, enqueue) = super::gpu_time_per_call(device, 300, || ops::matmul(x.clone(), w.clone()));
+        println!("bench gemm host m{m}: GPU {:.1} us/product (300 enqueued behind busy work in {:.1} ms)", gpu * 1e6, enqueue * 1e3);
+    }
+}

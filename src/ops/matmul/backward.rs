@@ -1,7 +1,8 @@
 //! Dense products under `Autodiff`. With `G = dOut`:
 //! `d op(lhs) = G · op(rhs)ᵀ` and `d op(rhs) = op(lhs)ᵀ · G`, each one more product through the
 //! same backend op with transpose flags (no transposed copies); `d bias = Σ_rows G`,
-//! `d residual = G`. A shared (batch-1) operand's gradient is summed over the batch.
+//! `d residual = G`. A shared (batch-1) operand's gradient is summed over the batch. Gradients
+//! are computed on the rank-3 views and reshaped back to each operand's own shape.
 
 use burn::backend::autodiff::{
     Autodiff,
@@ -11,7 +12,7 @@ use burn::backend::autodiff::{
 };
 use burn::tensor::{Shape, TensorMetadata, ops::FloatTensor};
 
-use super::{GemmLayout, MatmulBackend};
+use super::{GemmLayout, GemmViews, MatmulBackend, viewed};
 
 /// The node's parents are `lhs, rhs`, then `bias` and `residual` where present (`N` = 2..=4).
 #[derive(Debug)]
@@ -21,7 +22,7 @@ struct GemmGrad<const N: usize>;
 struct Saved<B: MatmulBackend> {
     lhs: FloatTensor<B>,
     rhs: FloatTensor<B>,
-    layout: GemmLayout,
+    views: GemmViews,
     bias: bool,
 }
 
@@ -30,21 +31,31 @@ fn unbroadcast<B: MatmulBackend>(grad: FloatTensor<B>, operand_batch: usize) -> 
     if operand_batch == 1 && grad.shape()[0] != 1 { B::float_sum_dim(grad, 0) } else { grad }
 }
 
-/// `(d lhs, d rhs)` for `out = op(lhs) · op(rhs)`.
+/// A rank-3 product through the backend op.
+fn product<B: MatmulBackend>(lhs: FloatTensor<B>, rhs: FloatTensor<B>, layout: GemmLayout) -> FloatTensor<B> {
+    let views = GemmViews::rank3(lhs.shape(), rhs.shape(), layout);
+    B::gemm(lhs, rhs, None, None, views)
+}
+
+/// `(d lhs, d rhs)` for `out = op(lhs) · op(rhs)`, with `g` the `[batch, m, n]` output gradient,
+/// in the operands' own shapes.
 fn operand_grads<B: MatmulBackend>(s: &Saved<B>, g: FloatTensor<B>) -> (FloatTensor<B>, FloatTensor<B>) {
-    let (tl, tr) = (s.layout.transpose_lhs, s.layout.transpose_rhs);
-    let (lhs, rhs) = (s.lhs.clone(), s.rhs.clone());
+    let (tl, tr) = (s.views.layout.transpose_lhs, s.views.layout.transpose_rhs);
+    let (lhs_shape, rhs_shape) = (s.lhs.shape(), s.rhs.shape());
+    let (lhs, rhs, _) = viewed::<B>(s.lhs.clone(), s.rhs.clone(), None, &s.views);
     let d_lhs = if tl {
-        B::gemm(rhs.clone(), g.clone(), None, None, GemmLayout::new(tr, true))
+        product::<B>(rhs.clone(), g.clone(), GemmLayout::new(tr, true))
     } else {
-        B::gemm(g.clone(), rhs.clone(), None, None, GemmLayout::new(false, !tr))
+        product::<B>(g.clone(), rhs.clone(), GemmLayout::new(false, !tr))
     };
     let d_rhs = if tr {
-        B::gemm(g, lhs.clone(), None, None, GemmLayout::new(true, tl))
+        product::<B>(g, lhs.clone(), GemmLayout::new(true, tl))
     } else {
-        B::gemm(lhs.clone(), g, None, None, GemmLayout::new(!tl, false))
+        product::<B>(lhs.clone(), g, GemmLayout::new(!tl, false))
     };
-    (unbroadcast::<B>(d_lhs, lhs.shape()[0]), unbroadcast::<B>(d_rhs, rhs.shape()[0]))
+    let d_lhs = unbroadcast::<B>(d_lhs, s.views.lhs[0]);
+    let d_rhs = unbroadcast::<B>(d_rhs, s.views.rhs[0]);
+    (B::float_reshape(d_lhs, lhs_shape), B::float_reshape(d_rhs, rhs_shape))
 }
 
 impl<B: MatmulBackend, const N: usize> Backward<B, N> for GemmGrad<N> {
@@ -53,20 +64,21 @@ impl<B: MatmulBackend, const N: usize> Backward<B, N> for GemmGrad<N> {
     fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
         let s = ops.state;
         let g = grads.consume::<B>(&ops.node);
+        let g3 = B::float_reshape(g.clone(), s.views.product());
         let mut parents = ops.parents.into_iter();
         let (lhs_node, rhs_node) = (parents.next().flatten(), parents.next().flatten());
         let bias_node = if s.bias { parents.next().flatten() } else { None };
         let residual_node = parents.next().flatten();
         if let Some(node) = bias_node {
-            let [batch, rows, n] = g.shape().dims();
-            let flat = B::float_reshape(g.clone(), Shape::new([batch * rows, n]));
+            let [batch, rows, n] = g3.shape().dims();
+            let flat = B::float_reshape(g3.clone(), Shape::new([batch * rows, n]));
             grads.register::<B>(node.id, B::float_reshape(B::float_sum_dim(flat, 0), Shape::new([n])));
         }
         if let Some(node) = residual_node {
             grads.register::<B>(node.id, g.clone());
         }
         if lhs_node.is_some() || rhs_node.is_some() {
-            let (d_lhs, d_rhs) = operand_grads::<B>(&s, g);
+            let (d_lhs, d_rhs) = operand_grads::<B>(&s, g3);
             if let Some(node) = lhs_node {
                 grads.register::<B>(node.id, d_lhs);
             }
@@ -94,16 +106,16 @@ impl<B: MatmulBackend, C: CheckpointStrategy> MatmulBackend for Autodiff<B, C> {
         rhs: FloatTensor<Self>,
         bias: Option<FloatTensor<Self>>,
         residual: Option<FloatTensor<Self>>,
-        layout: GemmLayout,
+        views: GemmViews,
     ) -> FloatTensor<Self> {
         let out = B::gemm(
             lhs.primitive.clone(),
             rhs.primitive.clone(),
             bias.as_ref().map(|b| b.primitive.clone()),
             residual.as_ref().map(|r| r.primitive.clone()),
-            layout,
+            views.clone(),
         );
-        let saved = Saved { lhs: lhs.primitive, rhs: rhs.primitive, layout, bias: bias.is_some() };
+        let saved = Saved { lhs: lhs.primitive, rhs: rhs.primitive, views, bias: bias.is_some() };
         let (l, r) = (lhs.node, rhs.node);
         match (bias, residual) {
             (None, None) => record!(2, [l, r], saved, out),

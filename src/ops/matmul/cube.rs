@@ -1,10 +1,10 @@
 //! Dense products on CubeCL backends: cuBLASLt on CUDA, Burn's autotuned matmul otherwise (wgpu,
 //! f64, cuBLASLt missing). `KILN_GEMM=burn` forces Burn's matmul (for measurements).
 
-use burn::tensor::ops::FloatTensor;
+use burn::tensor::ops::{FloatTensor, FloatTensorOps};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 
-use super::{GemmLayout, MatmulBackend, reference};
+use super::{GemmViews, MatmulBackend, reference, viewed};
 
 impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> MatmulBackend for CubeBackend<R, F, I, BT> {
     fn gemm(
@@ -12,13 +12,16 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> MatmulBack
         rhs: FloatTensor<Self>,
         bias: Option<FloatTensor<Self>>,
         residual: Option<FloatTensor<Self>>,
-        layout: GemmLayout,
+        views: GemmViews,
     ) -> FloatTensor<Self> {
+        // Reshapes of CubeCL tensors are metadata changes (copies only for views that need them).
+        let (lhs, rhs, residual) = viewed::<Self>(lhs, rhs, residual, &views);
         #[cfg(feature = "cuda")]
-        if let Some(out) = cuda::gemm(&lhs, &rhs, bias.as_ref(), residual.as_ref(), layout) {
-            return out;
-        }
-        reference::gemm::<Self>(lhs, rhs, bias, residual, layout)
+        let out = cuda::gemm(&lhs, &rhs, bias.as_ref(), residual.as_ref(), views.layout);
+        #[cfg(not(feature = "cuda"))]
+        let out = None;
+        let out = out.unwrap_or_else(|| reference::product::<Self>(lhs, rhs, bias, residual, views.layout));
+        Self::float_reshape(out, views.out)
     }
 }
 

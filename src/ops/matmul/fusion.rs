@@ -3,13 +3,15 @@
 use burn::tensor::ops::FloatTensor;
 use burn_fusion::{Fusion, FusionBackend};
 
-use super::{GemmLayout, MatmulBackend, output_shape};
+use super::{GemmViews, MatmulBackend};
 use crate::backend::fusion::{FusedOp, register};
 
-/// The layout and which optional inputs follow `lhs, rhs` in the input list.
+/// The views and which optional inputs follow `lhs, rhs` in the input list. The operands enter
+/// the fusion stream as they are (any rank): the views are taken inside the op, where reshapes
+/// are free, instead of as reshape operations of their own.
 #[derive(Clone, Debug)]
 struct Gemm {
-    layout: GemmLayout,
+    views: GemmViews,
     bias: bool,
     residual: bool,
 }
@@ -20,7 +22,7 @@ impl<B: FusionBackend + MatmulBackend> FusedOp<B> for Gemm {
         let (lhs, rhs) = (inputs.next().unwrap(), inputs.next().unwrap());
         let bias = self.bias.then(|| inputs.next().unwrap());
         let residual = self.residual.then(|| inputs.next().unwrap());
-        vec![B::gemm(lhs, rhs, bias, residual, self.layout)]
+        vec![B::gemm(lhs, rhs, bias, residual, self.views.clone())]
     }
 }
 
@@ -30,13 +32,13 @@ impl<B: FusionBackend + MatmulBackend> MatmulBackend for Fusion<B> {
         rhs: FloatTensor<Self>,
         bias: Option<FloatTensor<Self>>,
         residual: Option<FloatTensor<Self>>,
-        layout: GemmLayout,
+        views: GemmViews,
     ) -> FloatTensor<Self> {
-        let shape = output_shape(&lhs.shape, &rhs.shape, layout)
-            .unwrap_or_else(|| panic!("kiln::matmul: operands {:?} and {:?} do not fit ({layout:?})", lhs.shape, rhs.shape));
-        let op = Gemm { layout, bias: bias.is_some(), residual: residual.is_some() };
-        let dtype = lhs.dtype;
+        // Views that do not fit fail here, on the caller's thread, not inside the stream.
+        views.product();
+        let output = (views.out.clone(), lhs.dtype);
+        let op = Gemm { views, bias: bias.is_some(), residual: residual.is_some() };
         let inputs = [Some(lhs), Some(rhs), bias, residual].into_iter().flatten().collect();
-        register::<B, _>("kiln_gemm", inputs, vec![(shape, dtype)], op).remove(0)
+        register::<B, _>("kiln_gemm", inputs, vec![output], op).remove(0)
     }
 }

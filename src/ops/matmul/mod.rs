@@ -19,7 +19,7 @@ pub use stream_order::StreamOrder;
 
 use burn::tensor::{Shape, Tensor, backend::Backend, ops::FloatTensor};
 
-use super::{prim, prim_as, wrap};
+use super::{prim, wrap};
 use crate::error::{ensure, ensure_float, ensure_same_dtype};
 
 /// Whether each operand is read transposed (its last two axes swapped).
@@ -35,19 +35,60 @@ impl GemmLayout {
     }
 }
 
+/// How [`MatmulBackend::gemm`] reads its operands: the transpose flags, the `[batch, rows, cols]`
+/// view of each operand (a row-major reshape of the tensor as given, which may have any rank) and
+/// the shape of the output as returned (the `[batch, m, n]` product reshaped; a residual has this
+/// shape too). The reshapes happen inside the op because under Burn's fusion every reshape outside
+/// it is one more recorded operation (~5 µs of host time each on the H100 machine,
+/// `benches/RESULTS.md` 2026-11-24), which at small products is a large part of the call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GemmViews {
+    pub layout: GemmLayout,
+    pub lhs: Shape,
+    pub rhs: Shape,
+    pub out: Shape,
+}
+
+impl GemmViews {
+    /// Rank-3 operands whose output is the `[batch, m, n]` product itself.
+    pub(crate) fn rank3(lhs: Shape, rhs: Shape, layout: GemmLayout) -> Self {
+        let out = output_shape(&lhs, &rhs, layout).unwrap_or_else(|| panic!("kiln::matmul: operands {lhs:?} and {rhs:?} do not fit ({layout:?})"));
+        Self { layout, lhs, rhs, out }
+    }
+
+    /// The `[batch, m, n]` shape of the product.
+    pub(crate) fn product(&self) -> Shape {
+        output_shape(&self.lhs, &self.rhs, self.layout)
+            .filter(|p| p.num_elements() == self.out.num_elements())
+            .unwrap_or_else(|| panic!("kiln::matmul: views {:?} and {:?} do not give the output {:?} ({:?})", self.lhs, self.rhs, self.out, self.layout))
+    }
+}
+
+/// `lhs` and `rhs` reshaped to their views, `residual` to the `[batch, m, n]` product.
+pub(crate) fn viewed<B: Backend>(
+    lhs: FloatTensor<B>,
+    rhs: FloatTensor<B>,
+    residual: Option<FloatTensor<B>>,
+    views: &GemmViews,
+) -> (FloatTensor<B>, FloatTensor<B>, Option<FloatTensor<B>>) {
+    let product = views.product();
+    (B::float_reshape(lhs, views.lhs.clone()), B::float_reshape(rhs, views.rhs.clone()), residual.map(|r| B::float_reshape(r, product)))
+}
+
 /// Backend support for dense products. The default method is the reference (Burn's matmul).
 pub trait MatmulBackend: Backend {
-    /// `out[b] = op(lhs[b]) · op(rhs[b]) + bias + residual[b]` on rank-3 operands
-    /// (`[batch, rows, cols]`); an operand with batch 1 is shared by every batch. `bias` is
-    /// `[n]`, `residual` has the output's shape `[batch, m, n]`.
+    /// `out[b] = op(lhs[b]) · op(rhs[b]) + bias + residual[b]` on the operands' rank-3 views
+    /// (`[batch, rows, cols]`, see [`GemmViews`]), returned in the shape `views.out`; an operand
+    /// with batch 1 is shared by every batch. `bias` is `[n]`, `residual` has the shape
+    /// `views.out`.
     fn gemm(
         lhs: FloatTensor<Self>,
         rhs: FloatTensor<Self>,
         bias: Option<FloatTensor<Self>>,
         residual: Option<FloatTensor<Self>>,
-        layout: GemmLayout,
+        views: GemmViews,
     ) -> FloatTensor<Self> {
-        reference::gemm::<Self>(lhs, rhs, bias, residual, layout)
+        reference::gemm::<Self>(lhs, rhs, bias, residual, &views)
     }
 }
 
@@ -88,14 +129,14 @@ pub fn matmul<B: MatmulBackend, const D: usize>(lhs: Tensor<B, D>, rhs: Tensor<B
     });
     let mut out_dims = if l_batch >= r_batch { lb.to_vec() } else { rb.to_vec() };
     out_dims.extend([m, n]);
-    let (lhs, rhs) = if r_batch == 1 {
+    let (lhs_view, rhs_view) = if r_batch == 1 {
         // A shared right operand: fold the left batch into its rows (one large product).
-        (prim_as(lhs, Shape::new([1, l_batch * m, k])), prim_as(rhs, Shape::new([1, k, n])))
+        ([1, l_batch * m, k], [1, k, n])
     } else {
-        (prim_as(lhs, Shape::new([l_batch, m, k])), prim_as(rhs, Shape::new([r_batch, k, n])))
+        ([l_batch, m, k], [r_batch, k, n])
     };
-    let out = B::gemm(lhs, rhs, None, None, GemmLayout::default());
-    wrap(B::float_reshape(out, Shape::from(out_dims)))
+    let views = GemmViews { layout: GemmLayout::default(), lhs: Shape::new(lhs_view), rhs: Shape::new(rhs_view), out: Shape::from(out_dims) };
+    wrap(B::gemm(prim(lhs), prim(rhs), None, None, views))
 }
 
 /// `x · weight + bias` over the last axis of `x`, with `weight` in Burn's `[d_input, d_output]`
@@ -149,9 +190,6 @@ fn linear_epilogue<B: MatmulBackend, const D: usize>(
     }
     ensure_same_dtype(op, &dtypes);
     let rows = xs.num_elements() / d_in.max(1);
-    let x = prim_as(x, Shape::new([1, rows, d_in]));
-    let weight = prim_as(weight, Shape::new([1, d_in, d_out]));
-    let residual = residual.map(|r| prim_as(r, Shape::new([1, rows, d_out])));
-    let out = B::gemm(x, weight, bias.map(prim), residual, GemmLayout::default());
-    wrap(B::float_reshape(out, Shape::from(out_dims)))
+    let views = GemmViews { layout: GemmLayout::default(), lhs: Shape::new([1, rows, d_in]), rhs: Shape::new([1, d_in, d_out]), out: Shape::from(out_dims) };
+    wrap(B::gemm(prim(x), prim(weight), bias.map(prim), residual.map(prim), views))
 }

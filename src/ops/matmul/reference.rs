@@ -3,10 +3,22 @@
 
 use burn::tensor::{Shape, TensorMetadata, backend::Backend, ops::FloatTensor};
 
-use super::GemmLayout;
+use super::{GemmLayout, GemmViews, viewed};
+
+/// [`super::MatmulBackend::gemm`] from Burn's ops: the views taken with reshapes, then [`product`].
+pub fn gemm<B: Backend>(
+    lhs: FloatTensor<B>,
+    rhs: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
+    residual: Option<FloatTensor<B>>,
+    views: &GemmViews,
+) -> FloatTensor<B> {
+    let (lhs, rhs, residual) = viewed::<B>(lhs, rhs, residual, views);
+    B::float_reshape(product::<B>(lhs, rhs, bias, residual, views.layout), views.out.clone())
+}
 
 /// `op(lhs) · op(rhs) + bias + residual` for rank-3 operands; transposes are metadata swaps.
-pub fn gemm<B: Backend>(
+pub(super) fn product<B: Backend>(
     lhs: FloatTensor<B>,
     rhs: FloatTensor<B>,
     bias: Option<FloatTensor<B>>,
