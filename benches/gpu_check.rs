@@ -378,18 +378,22 @@ fn bench_attention(device: &CudaDevice, quick: bool, forward_only: bool) {
 fn bench_decode(device: &CudaDevice) {
     let client = <cubecl::cuda::CudaRuntime as cubecl::Runtime>::client(device);
     let features = kiln_kernels::flash_attention::AttentionFeatures { causal: true, window: None, softcap: None, bias: false };
-    let (q_heads, kv_heads, cache, d) = (32, 8, 32768, 128);
-    let q = rand([1, q_heads, 1, d], device);
-    let k = rand([1, kv_heads, cache, d], device);
-    let v = rand([1, kv_heads, cache, d], device);
-    let shape = kiln_kernels::flash_attention::AttentionShape { batch: 1, q_heads, kv_heads, q_len: 1, kv_len: cache, head_dim: d };
-    let plan = kiln_kernels::flash_attention::AttentionPlan::new(&client, shape, features, DType::BF16.into()).unwrap();
-    println!("bench attention decode path: {}, {} planes, {} KV splits of {} keys", if plan.tensor_cores { "tensor cores" } else { "portable" }, plan.planes, plan.splits, plan.split_len);
-    let t = time(device, 50, || ops::flash_attention(q.clone(), k.clone(), v.clone(), None, AttentionOptions::causal()));
-    let bytes = 2.0 * (kv_heads * cache * d) as f64 * 2.0;
-    println!("bench kiln attention decode q1 hq{q_heads} hk{kv_heads} cache{cache} d{d}: {:.1} us ({:.0} GB/s of K+V)", t * 1e6, bytes / t / 1e9);
-    let (gpu, enqueue) = gpu_time_per_call(device, 300, || ops::flash_attention(q.clone(), k.clone(), v.clone(), None, AttentionOptions::causal()));
-    println!("bench kiln attention decode GPU time: {:.1} us/call ({:.0} GB/s of K+V; 300 enqueued behind busy work in {:.1} ms)", gpu * 1e6, bytes / gpu / 1e9, enqueue * 1e3);
+    let (q_heads, kv_heads, d) = (32, 8, 128);
+    // The 32k cache first; 8k and 128k separate the per-call cost from the per-byte one.
+    for cache in [32768, 8192, 131072] {
+        let q = rand([1, q_heads, 1, d], device);
+        let k = rand([1, kv_heads, cache, d], device);
+        let v = rand([1, kv_heads, cache, d], device);
+        let shape = kiln_kernels::flash_attention::AttentionShape { batch: 1, q_heads, kv_heads, q_len: 1, kv_len: cache, head_dim: d };
+        let plan = kiln_kernels::flash_attention::AttentionPlan::new(&client, shape, features, DType::BF16.into()).unwrap();
+        println!("bench attention decode path: {}, {} planes, {} KV splits of {} keys", if plan.tensor_cores { "tensor cores" } else { "portable" }, plan.planes, plan.splits, plan.split_len);
+        let call = || ops::flash_attention(q.clone(), k.clone(), v.clone(), None, AttentionOptions::causal());
+        let t = time(device, 50, call);
+        let bytes = 2.0 * (kv_heads * cache * d) as f64 * 2.0;
+        println!("bench kiln attention decode q1 hq{q_heads} hk{kv_heads} cache{cache} d{d}: {:.1} us ({:.0} GB/s of K+V)", t * 1e6, bytes / t / 1e9);
+        let (gpu, enqueue) = gpu_time_per_call(device, 300, call);
+        println!("bench kiln attention decode cache{cache} GPU time: {:.1} us/call ({:.0} GB/s of K+V; 300 enqueued behind busy work in {:.1} ms)", gpu * 1e6, bytes / gpu / 1e9, enqueue * 1e3);
+    }
 }
 
 fn main() {
