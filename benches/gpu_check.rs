@@ -380,7 +380,10 @@ fn bench_decode(device: &CudaDevice) {
     let features = kiln_kernels::flash_attention::AttentionFeatures { causal: true, window: None, softcap: None, bias: false };
     let (q_heads, kv_heads, d) = (32, 8, 128);
     // The 32k cache first; 8k and 128k separate the per-call cost from the per-byte one.
-    for cache in [32768, 8192, 131072] {
+    // `attention-decode CACHE...` runs only the given cache lengths (for profiling one).
+    let given: Vec<usize> = std::env::args().skip(2).filter_map(|a| a.parse().ok()).collect();
+    let caches = if given.is_empty() { vec![32768, 8192, 131072] } else { given };
+    for cache in caches {
         let q = rand([1, q_heads, 1, d], device);
         let k = rand([1, kv_heads, cache, d], device);
         let v = rand([1, kv_heads, cache, d], device);
