@@ -256,7 +256,9 @@ pub(super) fn store_rows<O: Float, NC: Size>(
 
 /// The A fragments (k-step by k-step over `d`) of the 16 packed rows from `plane_p0` of `src`
 /// (`[batch, heads, len, d]`, packed row `p` = head `head_base + p / len`, position `p % len`);
-/// rows past `packed` are 0.
+/// rows past `packed` are 0. A lane's fragments come from two rows (`g` and `g + 8` of the 16),
+/// so their offsets are computed once, not per element (per element they were divisions and
+/// stride products repeated 64 times per lane at d = 128, in a prologue every split runs).
 #[cube]
 pub(super) fn row_fragments<F: Float, NA: Size>(
     src: &Tensor<F>,
@@ -271,6 +273,13 @@ pub(super) fn row_fragments<F: Float, NA: Size>(
     let a_vectors = def.vectors_per_lane(MatrixIdent::A);
     let len = src.shape(2);
     let lane = UNIT_POS_PLANE;
+    let g = (lane / 4) as usize;
+    let (ok0, h0, i0) = packed_row(plane_p0 + g, packed, head_base, len);
+    let (ok1, h1, i1) = packed_row(plane_p0 + g + 8, packed, head_base, len);
+    let batch = b * src.stride(0);
+    let base0 = batch + h0 * src.stride(1) + i0 * src.stride(2);
+    let base1 = batch + h1 * src.stride(1) + i1 * src.stride(2);
+    let column_stride = src.stride(3);
     let mut frags = Array::<Vector<F, NA>>::new(comptime!(d / 16 * a_vectors));
     #[unroll]
     for ks in 0..comptime!(d / 16) {
@@ -280,10 +289,13 @@ pub(super) fn row_fragments<F: Float, NA: Size>(
             #[unroll]
             for e in 0..na {
                 let (r, c) = def.position_of_nth(lane, comptime!((vi * na + e) as u32), MatrixIdent::A);
-                let (ok, h, i) = packed_row(plane_p0 + r as usize, packed, head_base, len);
+                // `r` is `g` or `g + 8`.
+                let upper = (r as usize) < 8;
+                let ok = if upper { ok0 } else { ok1 };
+                let base = if upper { base0 } else { base1 };
                 let mut value = F::new(0.0);
                 if ok {
-                    value = src[b * src.stride(0) + h * src.stride(1) + i * src.stride(2) + (comptime!(ks * 16) + c as usize) * src.stride(3)];
+                    value = src[base + (comptime!(ks * 16) + c as usize) * column_stride];
                 }
                 reg[e] = value;
             }
