@@ -51,8 +51,9 @@ fn gemm_runs_through_autodiff_ndarray() {
 }
 
 /// Operands of rank 4 (batched heads, and a shared `[1, 1, k, n]` right operand folded into one
-/// product) and rank 2 enter the op as they are and are viewed as rank 3 inside it: the output
-/// and both gradients, in each operand's own shape, equal Burn's matmul on the same backend.
+/// product), rank 2, and a shared left operand (its gradient summed over the batch) enter the op
+/// as they are and are viewed as rank 3 inside it: the output and both gradients, in each
+/// operand's own shape, equal Burn's matmul on the same backend.
 fn any_rank_matches_burn<B: KilnAutodiffBackend>(device: &B::Device) {
     fn check<B: KilnAutodiffBackend, const D: usize>(lhs: &[usize], rhs: &[usize], device: &B::Device) {
         let a = tensor::<B, D>(&random(lhs, 1), DType::F32, device).require_grad();
@@ -74,6 +75,7 @@ fn any_rank_matches_burn<B: KilnAutodiffBackend>(device: &B::Device) {
     check::<B, 4>(&[2, 3, 5, 7], &[2, 3, 7, 4], device);
     check::<B, 4>(&[2, 3, 5, 7], &[1, 1, 7, 4], device);
     check::<B, 2>(&[5, 7], &[7, 4], device);
+    check::<B, 3>(&[1, 5, 7], &[3, 7, 4], device);
 }
 
 #[test]

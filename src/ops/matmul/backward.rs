@@ -1,8 +1,9 @@
 //! Dense products under `Autodiff`. With `G = dOut`:
 //! `d op(lhs) = G · op(rhs)ᵀ` and `d op(rhs) = op(lhs)ᵀ · G`, each one more product through the
 //! same backend op with transpose flags (no transposed copies); `d bias = Σ_rows G`,
-//! `d residual = G`. A shared (batch-1) operand's gradient is summed over the batch. Gradients
-//! are computed on the rank-3 views and reshaped back to each operand's own shape.
+//! `d residual = G`. A shared (batch-1) operand's gradient is summed over the batch. The gradient
+//! products read the saved operands and `G` through rank-3 views and return each operand's own
+//! shape, so under fusion the backward records no reshape operations around them either.
 
 use burn::backend::autodiff::{
     Autodiff,
@@ -12,7 +13,7 @@ use burn::backend::autodiff::{
 };
 use burn::tensor::{Shape, TensorMetadata, ops::FloatTensor};
 
-use super::{GemmLayout, GemmViews, MatmulBackend, viewed};
+use super::{GemmLayout, GemmViews, MatmulBackend};
 
 /// The node's parents are `lhs, rhs`, then `bias` and `residual` where present (`N` = 2..=4).
 #[derive(Debug)]
@@ -26,36 +27,49 @@ struct Saved<B: MatmulBackend> {
     bias: bool,
 }
 
-/// Sum a `[batch, r, c]` gradient over its batch when the operand it belongs to was shared.
-fn unbroadcast<B: MatmulBackend>(grad: FloatTensor<B>, operand_batch: usize) -> FloatTensor<B> {
-    if operand_batch == 1 && grad.shape()[0] != 1 { B::float_sum_dim(grad, 0) } else { grad }
-}
-
-/// A rank-3 product through the backend op.
-fn product<B: MatmulBackend>(lhs: FloatTensor<B>, rhs: FloatTensor<B>, layout: GemmLayout) -> FloatTensor<B> {
-    let views = GemmViews::rank3(lhs.shape(), rhs.shape(), layout);
-    B::gemm(lhs, rhs, None, None, views)
-}
-
-/// `(d lhs, d rhs)` for `out = op(lhs) · op(rhs)`, with `g` the `[batch, m, n]` output gradient,
-/// in the operands' own shapes.
-fn operand_grads<B: MatmulBackend>(s: &Saved<B>, g: FloatTensor<B>) -> (FloatTensor<B>, FloatTensor<B>) {
-    let (tl, tr) = (s.views.layout.transpose_lhs, s.views.layout.transpose_rhs);
-    let (lhs_shape, rhs_shape) = (s.lhs.shape(), s.rhs.shape());
-    let (lhs, rhs, _) = viewed::<B>(s.lhs.clone(), s.rhs.clone(), None, &s.views);
-    let d_lhs = if tl {
-        product::<B>(rhs.clone(), g.clone(), GemmLayout::new(tr, true))
+/// One operand's gradient `op(a) · op(b)` (views `a_view`, `b_view` of the tensors given), in the
+/// operand's own `shape`: the views and the reshape back happen inside the backend op, as in the
+/// forward. An operand shared by every batch (view batch 1 against a larger product batch) gets
+/// the `[batch, r, c]` product summed over the batch.
+#[allow(clippy::too_many_arguments)]
+fn operand_grad<B: MatmulBackend>(
+    a: FloatTensor<B>,
+    a_view: &Shape,
+    b: FloatTensor<B>,
+    b_view: &Shape,
+    layout: GemmLayout,
+    operand_view: &Shape,
+    shape: Shape,
+) -> FloatTensor<B> {
+    let product = GemmViews::rank3(a_view.clone(), b_view.clone(), layout).out;
+    let views = |out| GemmViews { layout, lhs: a_view.clone(), rhs: b_view.clone(), out };
+    if operand_view[0] == 1 && product[0] != 1 {
+        let summed = B::float_sum_dim(B::gemm(a, b, None, None, views(product)), 0);
+        B::float_reshape(summed, shape)
     } else {
-        product::<B>(g.clone(), rhs.clone(), GemmLayout::new(false, !tr))
+        B::gemm(a, b, None, None, views(shape))
+    }
+}
+
+/// `(d lhs, d rhs)` for `out = op(lhs) · op(rhs)`, with `g` the output gradient (shape
+/// `views.out`, viewed as the `[batch, m, n]` product), in the operands' own shapes.
+fn operand_grads<B: MatmulBackend>(s: &Saved<B>, g: FloatTensor<B>) -> (FloatTensor<B>, FloatTensor<B>) {
+    let v = &s.views;
+    let (tl, tr) = (v.layout.transpose_lhs, v.layout.transpose_rhs);
+    let g_view = v.product();
+    let (lhs, rhs) = (s.lhs.clone(), s.rhs.clone());
+    let (lhs_shape, rhs_shape) = (lhs.shape(), rhs.shape());
+    let d_lhs = if tl {
+        operand_grad::<B>(rhs.clone(), &v.rhs, g.clone(), &g_view, GemmLayout::new(tr, true), &v.lhs, lhs_shape)
+    } else {
+        operand_grad::<B>(g.clone(), &g_view, rhs, &v.rhs, GemmLayout::new(false, !tr), &v.lhs, lhs_shape)
     };
     let d_rhs = if tr {
-        product::<B>(g, lhs.clone(), GemmLayout::new(true, tl))
+        operand_grad::<B>(g, &g_view, lhs, &v.lhs, GemmLayout::new(true, tl), &v.rhs, rhs_shape)
     } else {
-        product::<B>(lhs.clone(), g, GemmLayout::new(!tl, false))
+        operand_grad::<B>(lhs, &v.lhs, g, &g_view, GemmLayout::new(!tl, false), &v.rhs, rhs_shape)
     };
-    let d_lhs = unbroadcast::<B>(d_lhs, s.views.lhs[0]);
-    let d_rhs = unbroadcast::<B>(d_rhs, s.views.rhs[0]);
-    (B::float_reshape(d_lhs, lhs_shape), B::float_reshape(d_rhs, rhs_shape))
+    (d_lhs, d_rhs)
 }
 
 impl<B: MatmulBackend, const N: usize> Backward<B, N> for GemmGrad<N> {
@@ -64,21 +78,20 @@ impl<B: MatmulBackend, const N: usize> Backward<B, N> for GemmGrad<N> {
     fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
         let s = ops.state;
         let g = grads.consume::<B>(&ops.node);
-        let g3 = B::float_reshape(g.clone(), s.views.product());
         let mut parents = ops.parents.into_iter();
         let (lhs_node, rhs_node) = (parents.next().flatten(), parents.next().flatten());
         let bias_node = if s.bias { parents.next().flatten() } else { None };
         let residual_node = parents.next().flatten();
         if let Some(node) = bias_node {
-            let [batch, rows, n] = g3.shape().dims();
-            let flat = B::float_reshape(g3.clone(), Shape::new([batch * rows, n]));
+            let [batch, rows, n] = s.views.product().dims();
+            let flat = B::float_reshape(g.clone(), Shape::new([batch * rows, n]));
             grads.register::<B>(node.id, B::float_reshape(B::float_sum_dim(flat, 0), Shape::new([n])));
         }
         if let Some(node) = residual_node {
             grads.register::<B>(node.id, g.clone());
         }
         if lhs_node.is_some() || rhs_node.is_some() {
-            let (d_lhs, d_rhs) = operand_grads::<B>(&s, g3);
+            let (d_lhs, d_rhs) = operand_grads::<B>(&s, g);
             if let Some(node) = lhs_node {
                 grads.register::<B>(node.id, d_lhs);
             }
