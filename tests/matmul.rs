@@ -39,6 +39,26 @@ fn wgpu_cases() -> Vec<GemmCase> {
     [1, 5, 8].into_iter().map(|i| all[i]).collect()
 }
 
+/// Products of at most 16 rows, which take kiln's skinny kernel on every CubeCL backend: rows
+/// that are not a power of two, a batch with its own right operands, a transposed left operand
+/// (copied dense first) with a shared right one, ragged `k` and `n` (narrow vectors), and a
+/// linear layer with bias and residual. Their backward products (more rows) take the tiled path.
+fn skinny_cases() -> Vec<GemmCase> {
+    let case = |batch, m, k, n, kind, seed| GemmCase { batch, m, k, n, kind, seed };
+    vec![
+        case(1, 5, 300, 257, GemmKind::Linear { bias: true, residual: true }, 11),
+        case(3, 16, 96, 72, mm(false, false, false), 12),
+        case(2, 3, 130, 200, mm(true, false, true), 13),
+        case(1, 1, 1031, 4100, mm(false, false, false), 14),
+    ]
+}
+
+#[test]
+fn skinny_products_match_reference_on_wgpu() {
+    let Some(device) = common::wgpu_device() else { return };
+    assert_cases::<Autodiff<burn::backend::Wgpu>, _>(&skinny_cases(), &device, &[DType::F32, DType::F16]);
+}
+
 #[test]
 fn gemm_matches_reference_on_wgpu() {
     let Some(device) = common::wgpu_device() else { return };
@@ -139,4 +159,58 @@ fn handshake_kernel_signals_ready_and_returns_once_done() {
     let got: Vec<u32> = out.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
     words[slot * SLOT_WORDS + READY] = nonce;
     assert_eq!(got, words);
+}
+
+/// The skinny kernel launched directly on raw buffers: rows padded to a power of two (5 → 8), a
+/// ragged column count (one-element vectors), a pitched `rhs` (row stride 40 for 37 columns)
+/// shared by a batch of 3 (batch stride 0), an `lhs` row stride above `k`, bias and residual.
+/// The output starts as NaN, so an element the kernel never writes fails the comparison.
+#[test]
+fn skinny_kernel_matches_host_products() {
+    use cubecl::prelude::*;
+    use kiln_kernels::matmul::{SkinnyProblem, launch_skinny};
+    let Some(device) = common::wgpu_device() else { return };
+    let client = cubecl::wgpu::WgpuRuntime::client(&device);
+    let (batch, m, k, n, lhs_row, rhs_row) = (3usize, 5usize, 203usize, 37usize, 210usize, 40usize);
+    let values = |len: usize, seed: u64| -> Vec<f32> { common::random(&[len], seed).convert::<f32>().to_vec().unwrap() };
+    let (lhs, rhs, bias, residual) =
+        (values(batch * m * lhs_row, 1), values(k * rhs_row, 2), values(n, 3), values(batch * m * n, 4));
+    let upload = |v: &[f32]| client.create_from_slice(f32::as_bytes(v));
+    let (lhs_h, rhs_h, bias_h, res_h) = (upload(&lhs), upload(&rhs), upload(&bias), upload(&residual));
+    let out_h = upload(&vec![f32::NAN; batch * m * n]);
+    let problem = SkinnyProblem {
+        batch,
+        m,
+        k,
+        n,
+        lhs_strides: [m * lhs_row, lhs_row],
+        rhs_strides: [0, rhs_row],
+        elem_size: 4,
+        bias: true,
+        residual: true,
+    };
+    assert!(problem.fits(&client));
+    // SAFETY: each argument's shape and strides describe the buffer uploaded for it.
+    let arg = |h: &cubecl::server::Handle, shape: &[usize], strides: &[usize]| unsafe {
+        TensorArg::from_raw_parts(h.clone(), strides.into(), shape.into())
+    };
+    launch_skinny(
+        &client,
+        f32::as_type_native_unchecked().storage_type(),
+        &problem,
+        arg(&lhs_h, &[batch, m, k], &[m * lhs_row, lhs_row, 1]),
+        arg(&rhs_h, &[1, k, n], &[0, rhs_row, 1]),
+        arg(&bias_h, &[n], &[1]),
+        arg(&res_h, &[batch, m, n], &[m * n, n, 1]),
+        arg(&out_h, &[batch, m, n], &[m * n, n, 1]),
+    );
+    let bytes = client.read_one(out_h).expect("read back");
+    let got = f32::from_bytes(&bytes);
+    for (b, i, j) in (0..batch).flat_map(|b| (0..m).flat_map(move |i| (0..n).map(move |j| (b, i, j)))) {
+        let dot: f64 = (0..k).map(|p| lhs[b * m * lhs_row + i * lhs_row + p] as f64 * rhs[p * rhs_row + j] as f64).sum();
+        let want = dot + bias[j] as f64 + residual[(b * m + i) * n + j] as f64;
+        let at = (b * m + i) * n + j;
+        let tol = 1e-5 * (k as f64).sqrt() * (1.0 + want.abs());
+        assert!((got[at] as f64 - want).abs() <= tol, "out[{b}, {i}, {j}] = {} vs {want}", got[at]);
+    }
 }

@@ -5,6 +5,7 @@
 //! reduction that the row-wise ops (RMSNorm, fused RMSNorm+RoPE) share.
 
 pub mod flash_attention;
+pub mod matmul;
 pub mod rms_norm;
 pub mod rms_norm_rope;
 pub mod rope;

@@ -1,10 +1,14 @@
-//! Dense products on CubeCL backends: cuBLASLt on CUDA, Burn's autotuned matmul otherwise (wgpu,
-//! f64, cuBLASLt missing). `KILN_GEMM=burn` forces Burn's matmul (for measurements).
+//! Dense products on CubeCL backends, by shape: products of at most 16 rows (decode-time linear
+//! layers) run kiln's skinny kernel on every runtime; larger ones run cuBLASLt on CUDA and Burn's
+//! autotuned matmul elsewhere (wgpu, f64, cuBLASLt missing). `KILN_GEMM=burn|cublaslt|skinny`
+//! forces a path where it applies (for measurements).
 
-use burn::tensor::ops::{FloatTensor, FloatTensorOps};
-use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+use burn::tensor::{DType, TensorMetadata, ops::{FloatTensor, FloatTensorOps}};
+use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement, tensor::CubeTensor};
+use kiln_kernels::matmul::{SkinnyProblem, launch_skinny};
 
-use super::{GemmViews, MatmulBackend, reference, viewed};
+use super::{GemmLayout, GemmViews, MatmulBackend, output_shape, reference, viewed};
+use crate::backend::cube::{dense, empty_like_device, storage};
 
 impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> MatmulBackend for CubeBackend<R, F, I, BT> {
     fn gemm(
@@ -16,13 +20,106 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> MatmulBack
     ) -> FloatTensor<Self> {
         // Reshapes of CubeCL tensors are metadata changes (copies only for views that need them).
         let (lhs, rhs, residual) = viewed::<Self>(lhs, rhs, residual, &views);
+        let path = Path::from_env();
+        let mut out = None;
+        if matches!(path, Path::Auto | Path::Skinny) {
+            out = skinny(&lhs, &rhs, bias.as_ref(), residual.as_ref(), views.layout);
+        }
         #[cfg(feature = "cuda")]
-        let out = cuda::gemm(&lhs, &rhs, bias.as_ref(), residual.as_ref(), views.layout);
-        #[cfg(not(feature = "cuda"))]
-        let out = None;
+        if out.is_none() && path != Path::Burn {
+            out = cuda::gemm(&lhs, &rhs, bias.as_ref(), residual.as_ref(), views.layout);
+        }
         let out = out.unwrap_or_else(|| reference::product::<Self>(lhs, rhs, bias, residual, views.layout));
         Self::float_reshape(out, views.out)
     }
+}
+
+/// The path `KILN_GEMM` asks for; `Auto` (unset) picks by shape and backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    Auto,
+    Burn,
+    Cublaslt,
+    Skinny,
+}
+
+impl Path {
+    fn from_env() -> Self {
+        match std::env::var("KILN_GEMM").as_deref() {
+            Ok("burn") => Self::Burn,
+            Ok("cublaslt") => Self::Cublaslt,
+            Ok("skinny") => Self::Skinny,
+            _ => Self::Auto,
+        }
+    }
+}
+
+/// The same memory with axes 1 and 2 swapped (no copy).
+fn swap_view<R: CubeRuntime>(t: &CubeTensor<R>) -> CubeTensor<R> {
+    let mut view = t.clone();
+    view.meta.swap(1, 2);
+    view
+}
+
+/// `[batch, row]` element strides of a rank-3 operand as the skinny kernel steps them: 0 along an
+/// axis of size 1 (a shared batch, a single row), whatever its stored stride.
+fn batch_row_strides<R: CubeRuntime>(t: &CubeTensor<R>) -> [usize; 2] {
+    let (shape, strides) = (t.meta.shape(), t.meta.strides());
+    [0, 1].map(|axis| if shape[axis] == 1 { 0 } else { strides[axis] })
+}
+
+/// The product on kiln's skinny kernel, if it has at most `MAX_ROWS` rows, a float dtype the
+/// kernel accumulates in f32 without loss (f32, f16, bf16) and a right operand with unit stride
+/// along its columns (`[k, n]` weights as Burn stores them; a transposed `[n, k]` weight is
+/// left to the tiled path).
+fn skinny<R: CubeRuntime>(
+    lhs: &CubeTensor<R>,
+    rhs: &CubeTensor<R>,
+    bias: Option<&CubeTensor<R>>,
+    residual: Option<&CubeTensor<R>>,
+    layout: GemmLayout,
+) -> Option<CubeTensor<R>> {
+    if !matches!(lhs.dtype, DType::F32 | DType::F16 | DType::BF16) {
+        return None;
+    }
+    let rhs = if layout.transpose_rhs { swap_view(rhs) } else { rhs.clone() };
+    let (k, n) = (rhs.meta.shape()[1], rhs.meta.shape()[2]);
+    if n > 1 && rhs.meta.strides()[2] != 1 {
+        return None;
+    }
+    let lhs = if layout.transpose_lhs { swap_view(lhs) } else { lhs.clone() };
+    let out_shape = output_shape(&lhs.shape(), &rhs.shape(), GemmLayout::default())?;
+    let problem = SkinnyProblem {
+        batch: out_shape[0],
+        m: out_shape[1],
+        k,
+        n,
+        lhs_strides: batch_row_strides(&lhs),
+        rhs_strides: batch_row_strides(&rhs),
+        elem_size: lhs.dtype.size(),
+        bias: bias.is_some(),
+        residual: residual.is_some(),
+    };
+    if !problem.fits(&lhs.client) {
+        return None;
+    }
+    // Few rows: a copy of a strided left operand is cheap next to reading `rhs`.
+    let lhs = if k > 1 && lhs.meta.strides()[2] != 1 { dense(lhs) } else { lhs };
+    let problem = SkinnyProblem { lhs_strides: batch_row_strides(&lhs), ..problem };
+    let out = empty_like_device(&lhs, out_shape, lhs.dtype);
+    // An absent bias or residual is bound to `rhs`: the kernel reads them only under their flags.
+    let extra = |t: Option<&CubeTensor<R>>| t.map_or_else(|| rhs.clone(), |t| dense(t.clone())).into_tensor_arg();
+    launch_skinny(
+        &lhs.client.clone(),
+        storage(&lhs),
+        &problem,
+        lhs.into_tensor_arg(),
+        rhs.clone().into_tensor_arg(),
+        extra(bias),
+        extra(residual),
+        out.clone().into_tensor_arg(),
+    );
+    Some(out)
 }
 
 #[cfg(feature = "cuda")]
@@ -31,6 +128,7 @@ mod cuda {
     use burn_cubecl::{CubeRuntime, tensor::CubeTensor};
 
     use super::super::{GemmLayout, cublaslt, output_shape};
+    use super::swap_view;
     use crate::backend::cube::{dense, empty_like_device};
 
     /// An operand cuBLASLt can read in place: unit stride on the last axis, or a transposed view
@@ -47,26 +145,14 @@ mod cuda {
         }
     }
 
-    /// The same memory with axes 1 and 2 swapped (no copy).
-    fn swap_view<R: CubeRuntime>(t: &CubeTensor<R>) -> CubeTensor<R> {
-        let mut view = t.clone();
-        view.meta.swap(1, 2);
-        view
-    }
-
     /// The CUDA device index of a CubeCL tensor, if it lives on CUDA.
     fn cuda_index<R: CubeRuntime>(t: &CubeTensor<R>) -> Option<usize> {
         (&t.device as &dyn std::any::Any).downcast_ref::<cubecl::cuda::CudaDevice>().map(|d| d.index)
     }
 
-    /// Whether this product goes to cuBLASLt: wherever it can run, unless `KILN_GEMM=burn`. On the
-    /// H100 (bf16, Llama shapes, `benches/RESULTS.md` 2026-11-23, device handshake) it ran at
-    /// 1.07-3.3× Burn's matmul from M = 512 up; at M ≤ 16 both are bound by per-call host cost and
-    /// came out 0.92-4.1× (two rows within their run-to-run spread), so there is no crossover to keep.
-    fn wanted() -> bool {
-        std::env::var("KILN_GEMM").as_deref() != Ok("burn")
-    }
-
+    /// The product on cuBLASLt, wherever it can run. On the H100 (bf16, Llama shapes,
+    /// `benches/RESULTS.md` 2026-11-23, device handshake) it ran at 1.07-3.3× Burn's matmul from
+    /// M = 512 up, so there is no crossover to Burn's matmul to keep.
     pub(super) fn gemm<R: CubeRuntime>(
         lhs: &CubeTensor<R>,
         rhs: &CubeTensor<R>,
@@ -77,7 +163,7 @@ mod cuda {
         let index = cuda_index(lhs)?;
         let out_shape: Shape = output_shape(&lhs.shape(), &rhs.shape(), layout)?;
         let k = if layout.transpose_lhs { lhs.shape()[1] } else { lhs.shape()[2] };
-        if out_shape.num_elements() == 0 || k == 0 || !wanted() {
+        if out_shape.num_elements() == 0 || k == 0 {
             return None;
         }
         let (lhs, transpose_lhs) = readable(lhs, layout.transpose_lhs);
