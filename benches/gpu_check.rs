@@ -284,9 +284,12 @@ fn time_adaptive<T>(device: &CudaDevice, target: f64, max_iters: usize, mut f: i
 /// The GPU's own time per call of `f`, where the host is slower than the GPU at small sizes:
 /// `calls` calls enqueued behind ~40 ms of CubeCL work (a chain of 8192² bf16 matmuls, timed
 /// alone first), and the drain timed; median of three. Also returns the host time to enqueue
-/// them (the figure holds only if that is below the busy work's time).
-fn gpu_time_per_call<T>(device: &CudaDevice, calls: usize, mut f: impl FnMut() -> T) -> (f64, f64) {
-    let slow = rand([8192, 8192], device);
+/// them (the figure holds only if that is below the busy work's time). `BK` is the backend the
+/// busy work runs on: under Burn's fusion (`B`) calls queued behind pending work may run on the
+/// host only at the drain, so the drain of a host-bound op there is host time; on `CubeBackend`
+/// every call launches as it is made.
+fn gpu_time_per_call<BK: burn::tensor::backend::Backend<Device = CudaDevice>, T>(device: &CudaDevice, calls: usize, mut f: impl FnMut() -> T) -> (f64, f64) {
+    let slow = Tensor::<BK, 2>::random([8192, 8192], Distribution::Normal(0.0, 1.0), device).cast(DType::BF16);
     let busy = || {
         let mut y = slow.clone();
         for _ in 0..6 {
@@ -294,14 +297,31 @@ fn gpu_time_per_call<T>(device: &CudaDevice, calls: usize, mut f: impl FnMut() -
         }
         y
     };
-    let alone = time_samples(device, 1, 3, 1, busy);
+    let sync = || {
+        BK::sync(device).unwrap();
+        ops::matmul::cublaslt_synchronize(device.index);
+    };
+    let alone = {
+        let mut times: Vec<f64> = (0..4)
+            .map(|_| {
+                let start = Instant::now();
+                let b = busy();
+                sync();
+                drop(b);
+                start.elapsed().as_secs_f64()
+            })
+            .collect();
+        times.remove(0);
+        times.sort_by(f64::total_cmp);
+        times[1]
+    };
     let mut rows: Vec<(f64, f64)> = (0..3)
         .map(|_| {
             let start = Instant::now();
             let b = busy();
             let outs: Vec<T> = (0..calls).map(|_| f()).collect();
             let enqueued = start.elapsed().as_secs_f64();
-            sync_all(device);
+            sync();
             let total = start.elapsed().as_secs_f64();
             drop((b, outs));
             ((total - alone) / calls as f64, enqueued)
@@ -394,7 +414,7 @@ fn bench_decode(device: &CudaDevice) {
         let t = time(device, 50, call);
         let bytes = 2.0 * (kv_heads * cache * d) as f64 * 2.0;
         println!("bench kiln attention decode q1 hq{q_heads} hk{kv_heads} cache{cache} d{d}: {:.1} us ({:.0} GB/s of K+V)", t * 1e6, bytes / t / 1e9);
-        let (gpu, enqueue) = gpu_time_per_call(device, 300, call);
+        let (gpu, enqueue) = gpu_time_per_call::<B, _>(device, 300, call);
         println!("bench kiln attention decode cache{cache} GPU time: {:.1} us/call ({:.0} GB/s of K+V; 300 enqueued behind busy work in {:.1} ms)", gpu * 1e6, bytes / gpu / 1e9, enqueue * 1e3);
     }
 }
@@ -427,6 +447,16 @@ fn main() {
     }
     if mode == "gemm" || mode == "gemm-f32" {
         gemm::bench(&device, DType::F32, false);
+    }
+    if mode == "parity-skinny" {
+        ok = gemm::parity_skinny(&device);
+    }
+    if mode == "gemm-skinny" {
+        let ms: Vec<usize> = std::env::args().skip(2).filter_map(|a| a.parse().ok()).collect();
+        gemm::bench_skinny(&device, &ms);
+    }
+    if mode == "gemm-skinny-kernels" {
+        gemm::skinny_kernels(&device, std::env::args().nth(2).and_then(|a| a.parse().ok()).unwrap_or(1));
     }
     if mode == "gemm-host" {
         gemm::bench_host(&device);

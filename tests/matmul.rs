@@ -163,12 +163,12 @@ fn handshake_kernel_signals_ready_and_returns_once_done() {
 
 /// The skinny kernel launched directly on raw buffers: rows padded to a power of two (5 → 8), a
 /// ragged column count (one-element vectors), a pitched `rhs` (row stride 40 for 37 columns)
-/// shared by a batch of 3 (batch stride 0), an `lhs` row stride above `k`, bias and residual.
-/// The output starts as NaN, so an element the kernel never writes fails the comparison.
-#[test]
-fn skinny_kernel_matches_host_products() {
+/// shared by a batch of 3 (batch stride 0), an `lhs` row stride above `k`, bias and residual;
+/// whole (`splits` = 1) and with `k` split over the grid (f32 partials, then the combine step,
+/// uneven shares). The output starts as NaN, so an element never written fails the comparison.
+fn skinny_on_raw_buffers(splits: usize) {
     use cubecl::prelude::*;
-    use kiln_kernels::matmul::{SkinnyProblem, launch_skinny};
+    use kiln_kernels::matmul::{SkinnyLayout, SkinnyProblem, launch_skinny, launch_skinny_combine};
     let Some(device) = common::wgpu_device() else { return };
     let client = cubecl::wgpu::WgpuRuntime::client(&device);
     let (batch, m, k, n, lhs_row, rhs_row) = (3usize, 5usize, 203usize, 37usize, 210usize, 40usize);
@@ -190,20 +190,29 @@ fn skinny_kernel_matches_host_products() {
         residual: true,
     };
     assert!(problem.fits(&client));
+    let mut plan = problem.plan(&client);
+    if splits > 1 {
+        plan.splits = splits;
+        plan.layout = SkinnyLayout { split: true, bias: false, residual: false, ..plan.layout };
+    }
     // SAFETY: each argument's shape and strides describe the buffer uploaded for it.
     let arg = |h: &cubecl::server::Handle, shape: &[usize], strides: &[usize]| unsafe {
         TensorArg::from_raw_parts(h.clone(), strides.into(), shape.into())
     };
-    launch_skinny(
-        &client,
-        f32::as_type_native_unchecked().storage_type(),
-        &problem,
-        arg(&lhs_h, &[batch, m, k], &[m * lhs_row, lhs_row, 1]),
-        arg(&rhs_h, &[1, k, n], &[0, rhs_row, 1]),
-        arg(&bias_h, &[n], &[1]),
-        arg(&res_h, &[batch, m, n], &[m * n, n, 1]),
-        arg(&out_h, &[batch, m, n], &[m * n, n, 1]),
-    );
+    let f32_type = f32::as_type_native_unchecked().storage_type();
+    let lhs_arg = || arg(&lhs_h, &[batch, m, k], &[m * lhs_row, lhs_row, 1]);
+    let rhs_arg = || arg(&rhs_h, &[1, k, n], &[0, rhs_row, 1]);
+    let bias_arg = || arg(&bias_h, &[n], &[1]);
+    let res_arg = || arg(&res_h, &[batch, m, n], &[m * n, n, 1]);
+    let out_arg = || arg(&out_h, &[batch, m, n], &[m * n, n, 1]);
+    if splits == 1 {
+        launch_skinny(&client, [f32_type; 2], &problem, &plan, lhs_arg(), rhs_arg(), bias_arg(), res_arg(), out_arg());
+    } else {
+        let partials_h = upload(&vec![f32::NAN; splits * batch * m * n]);
+        let partials = || arg(&partials_h, &[splits * batch * m, n], &[n, 1]);
+        launch_skinny(&client, [f32_type; 2], &problem, &plan, lhs_arg(), rhs_arg(), rhs_arg(), rhs_arg(), partials());
+        launch_skinny_combine(&client, f32_type, &problem, &plan, partials(), bias_arg(), res_arg(), out_arg());
+    }
     let bytes = client.read_one(out_h).expect("read back");
     let got = f32::from_bytes(&bytes);
     for (b, i, j) in (0..batch).flat_map(|b| (0..m).flat_map(move |i| (0..n).map(move |j| (b, i, j)))) {
@@ -211,6 +220,16 @@ fn skinny_kernel_matches_host_products() {
         let want = dot + bias[j] as f64 + residual[(b * m + i) * n + j] as f64;
         let at = (b * m + i) * n + j;
         let tol = 1e-5 * (k as f64).sqrt() * (1.0 + want.abs());
-        assert!((got[at] as f64 - want).abs() <= tol, "out[{b}, {i}, {j}] = {} vs {want}", got[at]);
+        assert!((got[at] as f64 - want).abs() <= tol, "splits {splits}: out[{b}, {i}, {j}] = {} vs {want}", got[at]);
     }
+}
+
+#[test]
+fn skinny_kernel_matches_host_products() {
+    skinny_on_raw_buffers(1);
+}
+
+#[test]
+fn skinny_kernel_split_over_k_matches_host_products() {
+    skinny_on_raw_buffers(3);
 }

@@ -235,7 +235,132 @@ pub fn bench_host(device: &CudaDevice) {
         println!(
             "bench gemm host {order:?} m{m} k4096 n4096 bf16 us/call: kiln {kiln:.1}  kiln with rank-3 reshapes around it {old:.1}  kiln on CubeBackend {cube:.1}  burn matmul {burn:.1}  burn x+1 {add:.1}"
         );
-        let (gpu, enqueue) = super::gpu_time_per_call(device, 300, || ops::matmul(x.clone(), w.clone()));
+        let (gpu, enqueue) = super::gpu_time_per_call::<B, _>(device, 300, || ops::matmul(x.clone(), w.clone()));
         println!("bench gemm host m{m}: GPU {:.1} us/product (300 enqueued behind busy work in {:.1} ms)", gpu * 1e6, enqueue * 1e3);
+    }
+}
+
+/// Set the path `KILN_GEMM` forces (read by every product as it runs).
+fn force_path(path: &str) {
+    // SAFETY: the GPU check is single-threaded where it switches paths, and every product of the
+    // previous path has run (its results were read or synchronized) before the switch.
+    unsafe { std::env::set_var("KILN_GEMM", path) }
+}
+
+/// Forward parity of decode-sized products on the skinny kernel in bf16, f16 and f32: kiln's
+/// default path against cuBLASLt (`KILN_GEMM=cublaslt`, TF32 off) as the same-precision
+/// reference, both against an f64 host product, with the memory pool poisoned first. Cases:
+/// Llama-sized and ragged shapes, rows that are not a power of two, a batch with its own right
+/// operands, a linear layer with bias and residual.
+pub fn parity_skinny(device: &CudaDevice) -> bool {
+    use super::common::{compare, poison, random, tensor, values};
+    // SAFETY: as in `force_path`.
+    unsafe { std::env::set_var("KILN_GEMM_TF32", "0") }
+    // (batch, m, k, n, linear layer with bias and residual)
+    let cases = [(1, 1, 4096, 4096, false), (1, 5, 1000, 1030, true), (3, 16, 2048, 700, false), (2, 9, 333, 129, false), (1, 2, 11008, 4101, true)];
+    let mut ok = true;
+    for dtype in [DType::BF16, DType::F16, DType::F32] {
+        for (batch, m, k, n, linear) in cases {
+            let start = Instant::now();
+            let w_shape: &[usize] = if linear { &[k, n] } else { &[batch, k, n] };
+            let (x, w, bias, res) = (random(&[batch, m, k], 1), random(w_shape, 2), random(&[n], 3), random(&[batch, m, n], 4));
+            let host = |d: &burn::tensor::TensorData| d.clone().convert::<f64>().to_vec::<f64>().unwrap();
+            // The oracle reads the inputs as stored in `dtype` (rounded), in f64.
+            let stored = |d: &burn::tensor::TensorData| host(&d.clone().convert_dtype(dtype));
+            let (xh, wh, bh, rh) = (stored(&x), stored(&w), stored(&bias), stored(&res));
+            let oracle: Vec<f64> = (0..batch * m * n)
+                .map(|at| {
+                    let (b, i, j) = (at / (m * n), at / n % m, at % n);
+                    let wb = if linear { 0 } else { b * k * n };
+                    let dot: f64 = (0..k).map(|p| xh[(b * m + i) * k + p] * wh[wb + p * n + j]).sum();
+                    if linear { dot + bh[j] + rh[at] } else { dot }
+                })
+                .collect();
+            let run = |path: &str| {
+                force_path(path);
+                poison::<B>(device, 4 * batch * m * n, dtype);
+                let xt = tensor::<B, 3>(&x, dtype, device);
+                let y = if linear {
+                    let wt = tensor::<B, 2>(&w, dtype, device);
+                    ops::linear_residual(xt, wt, Some(tensor::<B, 1>(&bias, dtype, device)), tensor::<B, 3>(&res, dtype, device))
+                } else {
+                    ops::matmul(xt, tensor::<B, 3>(&w, dtype, device))
+                };
+                values(y)
+            };
+            let (kernel, reference) = (run("skinny"), run("cublaslt"));
+            let c = compare("y", &kernel, &reference, &oracle, dtype, k as f64);
+            println!(
+                "parity skinny b{batch} m{m} k{k} n{n} linear={linear} {dtype:?}: kernel_err {:.3e} ref_err {:.3e} bound {:.3e} {} ({:.1} s)",
+                c.kernel_err, c.reference_err, c.bound, if c.passed() { "ok" } else { "FAIL" }, start.elapsed().as_secs_f64()
+            );
+            ok &= c.passed();
+        }
+    }
+    force_path("");
+    ok
+}
+
+/// Decode-sized products (bf16, M rows over the Llama layer shapes; M = 1, 4, 16 unless given):
+/// kiln's default path and cuBLASLt forced, per call as `Cuda` users call them, three interleaved
+/// rounds (host timings on the GPU machine drift between runs); then kiln's product on
+/// `CubeBackend` (no fusion) per call, and its GPU time per product there
+/// ([`super::gpu_time_per_call`]) with the HBM bandwidth its bytes make. `KILN_SKINNY_*` set the
+/// kernel's layout for measurements.
+pub fn bench_skinny(device: &CudaDevice, ms: &[usize]) {
+    use burn_cubecl::CubeBackend;
+    type Cube = CubeBackend<CudaRuntime, f32, i32, u8>;
+    let ms = if ms.is_empty() { &[1, 4, 16][..] } else { ms };
+    let env = |name: &str| std::env::var(name).unwrap_or_default();
+    println!("bench gemm skinny: columns={} splits={} units={}", env("KILN_SKINNY_COLUMNS"), env("KILN_SKINNY_SPLITS"), env("KILN_SKINNY_UNITS"));
+    for &(k, n) in &KNS {
+        let w = cube_rand([k, n], DType::BF16, device);
+        let wc = Tensor::<Cube, 2>::random([k, n], Distribution::Normal(0.0, 1.0), device).cast(DType::BF16);
+        for &m in ms {
+            let x = cube_rand([m, k], DType::BF16, device);
+            let xc = Tensor::<Cube, 2>::random([m, k], Distribution::Normal(0.0, 1.0), device).cast(DType::BF16);
+            let product = || ops::matmul(x.clone(), w.clone());
+            let direct = || ops::matmul(xc.clone(), wc.clone());
+            let mut rows: [Vec<f64>; 3] = Default::default();
+            for _ in 0..3 {
+                force_path("");
+                rows[0].push(super::time_adaptive(device, 0.05, 2000, product));
+                rows[2].push(super::time_adaptive(device, 0.05, 2000, direct));
+                force_path("cublaslt");
+                rows[1].push(super::time_adaptive(device, 0.05, 2000, product));
+            }
+            let [kiln, cublaslt, cube] = rows.map(|mut r| {
+                r.sort_by(f64::total_cmp);
+                r[1]
+            });
+            force_path("");
+            let (gpu, enqueue) = super::gpu_time_per_call::<Cube, _>(device, 300, direct);
+            let bytes = 2.0 * (k * n + m * k + m * n) as f64;
+            println!(
+                "bench gemm skinny bf16 m{m:<3} k{k:<6} n{n:<7} us/call: kiln {:7.1}  cublaslt {:7.1}  kiln on CubeBackend {:7.1} | GPU {:7.1} us/product, {:5.0} GB/s ({:.1} us/call to enqueue)",
+                kiln * 1e6,
+                cublaslt * 1e6,
+                cube * 1e6,
+                gpu * 1e6,
+                bytes / gpu / 1e9,
+                enqueue / 300.0 * 1e6
+            );
+        }
+    }
+    force_path("");
+}
+
+/// Five products per Llama layer shape at `m` rows (bf16, `CubeBackend`, synchronized after each
+/// shape): a short, fixed launch sequence for Nsight Compute (`gpu/profile.sh`) to time kernel
+/// by kernel.
+pub fn skinny_kernels(device: &CudaDevice, m: usize) {
+    use burn_cubecl::CubeBackend;
+    type Cube = CubeBackend<CudaRuntime, f32, i32, u8>;
+    for &(k, n) in &KNS {
+        let w = Tensor::<Cube, 2>::random([k, n], Distribution::Normal(0.0, 1.0), device).cast(DType::BF16);
+        let x = Tensor::<Cube, 2>::random([m, k], Distribution::Normal(0.0, 1.0), device).cast(DType::BF16);
+        let outs: Vec<_> = (0..5).map(|_| ops::matmul(x.clone(), w.clone())).collect();
+        <Cube as burn::tensor::backend::Backend>::sync(device).unwrap();
+        println!("skinny kernels m{m} k{k} n{n}: {} products", outs.len());
     }
 }

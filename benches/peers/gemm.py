@@ -4,7 +4,10 @@ fit ~0.1 s, median of three samples. f32 runs with TF32 allowed (what kiln and B
 `linear`: a bias-free linear layer's forward + backward (dX, dW) in bf16 at the shapes of
 kiln's `gemm-linear` mode, and the loss ops alone (Σ y·dy on a leaf), both through autograd, 10
 calls per sample (the gradients kept alive would not fit with more).
-Usage: python3 gemm.py [bf16|f32|all|linear]. Prints lines starting with `peer gemm`/`peer linear`."""
+`small`: bf16 products of M = 1, 4, 16 rows (kiln's `gemm-skinny` mode), per call as above and
+the GPU's own time per call (300 calls queued behind `torch.cuda._sleep`, CUDA events around
+them, median of three).
+Usage: python3 gemm.py [bf16|f32|all|linear|small]. Prints lines starting with `peer gemm`/`peer linear`."""
 import sys
 import time
 
@@ -49,6 +52,34 @@ def main(which):
             torch.cuda.empty_cache()
 
 
+def gpu_seconds(fn, calls=300):
+    fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(100_000_000)  # keeps the GPU busy while the calls are enqueued
+        start.record()
+        results = [fn() for _ in range(calls)]
+        end.record()
+        torch.cuda.synchronize()
+        samples.append(start.elapsed_time(end) / 1e3 / calls)
+        del results
+    return sorted(samples)[1]
+
+
+def small():
+    for k, n in KNS:
+        w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        for m in [1, 4, 16]:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            t, g = seconds(lambda: x @ w, cap=2000), gpu_seconds(lambda: x @ w)
+            gbs = 2 * (k * n + m * k + m * n) / g / 1e9
+            print(f"peer gemm small torch bf16 m{m:<3} k{k:<6} n{n:<7} us/call {t * 1e6:7.1f}  GPU {g * 1e6:7.1f} us/product, {gbs:5.0f} GB/s", flush=True)
+        del w
+        torch.cuda.empty_cache()
+
+
 def linear():
     bf = torch.bfloat16
     for m, k, n in [(8192, 4096, 11008), (8192, 11008, 4096), (8192, 4096, 4096), (2048, 4096, 4096)]:
@@ -65,7 +96,7 @@ def linear():
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "linear":
-        linear()
+    if len(sys.argv) > 1 and sys.argv[1] in ("linear", "small"):
+        {"linear": linear, "small": small}[sys.argv[1]]()
         sys.exit(0)
     main(sys.argv[1] if len(sys.argv) > 1 else "all")

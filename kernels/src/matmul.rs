@@ -15,6 +15,8 @@
 
 use cubecl::prelude::*;
 
+use crate::measurement_override;
+
 /// The most product rows the skinny kernel takes; larger products go to a tiled GEMM.
 pub const MAX_ROWS: usize = 16;
 
@@ -41,6 +43,9 @@ pub struct SkinnyLayout {
     /// Consecutive units whose partials lane shuffles sum before shared memory: the plane size,
     /// or `column_units` (no shuffles) without plane operations.
     pub group: usize,
+    /// Whether `k` is split over the grid's z axis: each split writes f32 partial sums that
+    /// [`launch_skinny`]'s second kernel adds up (with the epilogue).
+    pub split: bool,
     pub bias: bool,
     pub residual: bool,
 }
@@ -73,6 +78,9 @@ pub struct SkinnyPlan {
     pub layout: SkinnyLayout,
     /// Cubes along the columns; the grid's y axis is the batch.
     pub column_cubes: usize,
+    /// Parts `k` is split into (the grid's z axis); above 1 the caller provides an f32 buffer of
+    /// `splits × batch × m × n` partial sums.
+    pub splits: usize,
 }
 
 impl SkinnyProblem {
@@ -105,11 +113,14 @@ impl SkinnyProblem {
         let min_units = (32 / (rhs_vector * self.elem_size)).max(1);
         let wanted = column_vectors * self.batch / (2 * multiprocessors);
         let column_units = prev_power_of_two(wanted.max(1)).clamp(min_units, 32).min(column_vectors.next_power_of_two());
+        let column_units = measurement_override("KILN_SKINNY_COLUMNS", 1..=32).map_or(column_units, prev_power_of_two);
+        let splits = measurement_override("KILN_SKINNY_SPLITS", 1..=64).unwrap_or(1).min(self.k / lhs_vector);
 
         let plane = crate::row::plane_size_for_reduction(client);
         let group = if plane >= column_units { plane } else { column_units };
         let max_units = prev_power_of_two((hw.max_units_per_cube as usize).min(hw.max_cube_dim.0 as usize).clamp(1, 256));
         let shared_bytes = SHARED_BYTES.min(hw.max_shared_memory_size);
+        let max_units = measurement_override("KILN_SKINNY_UNITS", 32..=max_units).map_or(max_units, prev_power_of_two);
         let mut units = max_units.max(group);
         while units > group && (units / group) * column_units * rows * rhs_vector * 4 > shared_bytes {
             units /= 2;
@@ -117,8 +128,10 @@ impl SkinnyProblem {
         SkinnyPlan {
             lhs_vector,
             rhs_vector,
-            layout: SkinnyLayout { rows, column_units, units, group, bias: self.bias, residual: self.residual },
+            // A split product's epilogue runs in the combine step.
+            layout: SkinnyLayout { rows, column_units, units, group, split: splits > 1, bias: self.bias && splits == 1, residual: self.residual && splits == 1 },
             column_cubes: column_vectors.div_ceil(column_units),
+            splits,
         }
     }
 }
@@ -129,21 +142,22 @@ fn prev_power_of_two(n: usize) -> usize {
 
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-fn skinny_kernel<F: Float, NX: Size, NW: Size>(
+fn skinny_kernel<F: Float, O: Float, NX: Size, NW: Size>(
     lhs: &Tensor<Vector<F, NX>>,
     rhs: &Tensor<Vector<F, NW>>,
     bias: &Tensor<Vector<F, NW>>,
     residual: &Tensor<Vector<F, NW>>,
-    out: &mut Tensor<Vector<F, NW>>,
+    out: &mut Tensor<Vector<O, NW>>,
     m: usize,
     chunks: usize,
+    chunks_per_split: usize,
     column_vectors: usize,
     lhs_batch_stride: usize,
     lhs_row_stride: usize,
     rhs_batch_stride: usize,
     rhs_row_stride: usize,
     #[comptime] layout: SkinnyLayout,
-    #[define(F)] _dtype: StorageType,
+    #[define(F, O)] _types: [StorageType; 2],
 ) {
     let rows = layout.rows;
     let units = layout.column_units;
@@ -151,7 +165,11 @@ fn skinny_kernel<F: Float, NX: Size, NW: Size>(
     let unit = UNIT_POS as usize % units;
     let slice = UNIT_POS as usize / units;
     let batch = CUBE_POS_Y as usize;
+    let split = CUBE_POS_Z as usize;
     let first_column = CUBE_POS_X as usize * units;
+    // This cube's chunks of `k`: all of them, or its split's share.
+    let first_chunk = split * chunks_per_split;
+    let end_chunk = select(first_chunk + chunks_per_split < chunks, first_chunk + chunks_per_split, chunks);
     // Units past the last column read the last one (their sums are discarded), so every unit
     // takes part in the shuffles and the barrier.
     let column = select(first_column + unit < column_vectors, first_column + unit, column_vectors - 1);
@@ -161,9 +179,9 @@ fn skinny_kernel<F: Float, NX: Size, NW: Size>(
     #[unroll]
     for r in 0..rows {
         let row = select(r < m, r, m - 1);
-        lhs_offsets[r] = batch * lhs_batch_stride + row * lhs_row_stride + slice;
+        lhs_offsets[r] = batch * lhs_batch_stride + row * lhs_row_stride + first_chunk + slice;
     }
-    let mut rhs_offset = batch * rhs_batch_stride + slice * NX::value() * rhs_row_stride + column;
+    let mut rhs_offset = batch * rhs_batch_stride + (first_chunk + slice) * NX::value() * rhs_row_stride + column;
     let rhs_step = slices * NX::value() * rhs_row_stride;
 
     let mut acc = Array::<Vector<f32, NW>>::new(rows);
@@ -172,8 +190,8 @@ fn skinny_kernel<F: Float, NX: Size, NW: Size>(
         acc[r] = Vector::new(0.0);
     }
     let mut xs = Array::<Vector<f32, NX>>::new(rows);
-    let mut chunk = slice;
-    while chunk < chunks {
+    let mut chunk = first_chunk + slice;
+    while chunk < end_chunk {
         #[unroll]
         for r in 0..rows {
             xs[r] = Vector::cast_from(lhs[lhs_offsets[r]]);
@@ -192,7 +210,9 @@ fn skinny_kernel<F: Float, NX: Size, NW: Size>(
         chunk += slices;
     }
 
-    reduce_and_store(acc, bias, residual, out, m, column_vectors, batch, first_column, layout);
+    // A split writes its partial sums at `[split, batch, row, column]`.
+    let out_batch = split * CUBE_COUNT_Y as usize + batch;
+    reduce_and_store(acc, bias, residual, out, m, column_vectors, out_batch, first_column, layout);
 }
 
 /// Sum every unit's partials over the slices of its column and write the output rows (plus the
@@ -201,11 +221,11 @@ fn skinny_kernel<F: Float, NX: Size, NW: Size>(
 /// in shared memory, where units pick up `(column, row)` pairs to finish.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn reduce_and_store<F: Float, NW: Size>(
+fn reduce_and_store<F: Float, O: Float, NW: Size>(
     mut acc: Array<Vector<f32, NW>>,
     bias: &Tensor<Vector<F, NW>>,
     residual: &Tensor<Vector<F, NW>>,
-    out: &mut Tensor<Vector<F, NW>>,
+    out: &mut Tensor<Vector<O, NW>>,
     m: usize,
     column_vectors: usize,
     batch: usize,
@@ -246,35 +266,85 @@ fn reduce_and_store<F: Float, NW: Size>(
         let column = first_column + unit;
         if column < column_vectors && r < m {
             let at = (batch * m + r) * column_vectors + column;
-            if comptime!(layout.bias) {
-                sum += Vector::cast_from(bias[column]);
+            if comptime!(layout.split) {
+                out[at] = Vector::cast_from(sum);
+            } else {
+                out[at] = Vector::cast_from(epilogue(sum, bias, residual, column, at, layout.bias, layout.residual));
             }
-            if comptime!(layout.residual) {
-                sum += Vector::cast_from(residual[at]);
-            }
-            out[at] = Vector::cast_from(sum);
         }
         item += layout.units;
     }
 }
 
-/// Launch `out = lhs · rhs (+ bias) (+ residual)` for a product that [`SkinnyProblem::fits`].
-/// `bias` and `residual` are bound whatever the problem's flags say (pass any tensor of `rhs`'s
-/// vector width, e.g. `rhs`, for an absent one: the kernel never reads it).
+/// `sum (+ bias[column]) (+ residual[at])`, in f32.
+#[cube]
+fn epilogue<F: Float, NW: Size>(
+    sum: Vector<f32, NW>,
+    bias: &Tensor<Vector<F, NW>>,
+    residual: &Tensor<Vector<F, NW>>,
+    column: usize,
+    at: usize,
+    #[comptime] with_bias: bool,
+    #[comptime] with_residual: bool,
+) -> Vector<f32, NW> {
+    let mut sum = sum;
+    if comptime!(with_bias) {
+        sum += Vector::cast_from(bias[column]);
+    }
+    if comptime!(with_residual) {
+        sum += Vector::cast_from(residual[at]);
+    }
+    sum
+}
+
+/// The split product's second step: `out[i] = Σ_split partials[split, i]` plus the epilogue, one
+/// unit per output vector.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn skinny_combine_kernel<F: Float, NW: Size>(
+    partials: &Tensor<Vector<f32, NW>>,
+    bias: &Tensor<Vector<F, NW>>,
+    residual: &Tensor<Vector<F, NW>>,
+    out: &mut Tensor<Vector<F, NW>>,
+    splits: usize,
+    total: usize,
+    column_vectors: usize,
+    #[comptime] with_bias: bool,
+    #[comptime] with_residual: bool,
+    #[define(F)] _dtype: StorageType,
+) {
+    let i = ABSOLUTE_POS;
+    if i >= total {
+        terminate!();
+    }
+    let mut sum = partials[i];
+    for s in 1..splits {
+        sum += partials[s * total + i];
+    }
+    out[i] = Vector::cast_from(epilogue(sum, bias, residual, i % column_vectors, i, with_bias, with_residual));
+}
+
+/// Launch the product step of `plan` (from [`SkinnyProblem::plan`]) for a product that
+/// [`SkinnyProblem::fits`]. Unsplit, `out` is the `[batch, m, n]` output of `types[1] = types[0]`
+/// and the epilogue is applied; split (`plan.splits > 1`), `out` is an f32 buffer of
+/// `splits × batch × m × n` partial sums for [`launch_skinny_combine`], and `bias`/`residual` are
+/// not read. An absent `bias` or `residual` may be bound to any tensor of `rhs`'s vector width
+/// (e.g. `rhs`): the kernel reads them only under the problem's flags.
 #[allow(clippy::too_many_arguments)]
 pub fn launch_skinny<R: Runtime>(
     client: &ComputeClient<R>,
-    dtype: StorageType,
+    types: [StorageType; 2],
     problem: &SkinnyProblem,
+    plan: &SkinnyPlan,
     lhs: TensorArg<R>,
     rhs: TensorArg<R>,
     bias: TensorArg<R>,
     residual: TensorArg<R>,
     out: TensorArg<R>,
 ) {
-    let plan = problem.plan(client);
     let (lv, rv) = (plan.lhs_vector, plan.rhs_vector);
-    let count = CubeCount::Static(plan.column_cubes as u32, problem.batch as u32, 1);
+    let chunks = problem.k / lv;
+    let count = CubeCount::Static(plan.column_cubes as u32, problem.batch as u32, plan.splits as u32);
     // SAFETY: `fits` bounds the grid; every load is clamped into the operands (the last column,
     // the last row, chunks below `k / lhs_vector`), and stores are guarded by the output's rows
     // and columns; the vector widths divide the dimensions and strides they step over.
@@ -283,21 +353,59 @@ pub fn launch_skinny<R: Runtime>(
             client,
             count,
             CubeDim::new_1d(plan.layout.units as u32),
-            plan.lhs_vector,
-            plan.rhs_vector,
+            lv,
+            rv,
             lhs,
             rhs,
             bias,
             residual,
             out,
             problem.m,
-            problem.k / lv,
+            chunks,
+            chunks.div_ceil(plan.splits),
             problem.n / rv,
             problem.lhs_strides[0] / lv,
             problem.lhs_strides[1] / lv,
             problem.rhs_strides[0] / rv,
             problem.rhs_strides[1] / rv,
             plan.layout,
+            types,
+        )
+    }
+}
+
+/// Launch the second step of a split plan: `out = Σ partials (+ bias) (+ residual)`.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_skinny_combine<R: Runtime>(
+    client: &ComputeClient<R>,
+    dtype: StorageType,
+    problem: &SkinnyProblem,
+    plan: &SkinnyPlan,
+    partials: TensorArg<R>,
+    bias: TensorArg<R>,
+    residual: TensorArg<R>,
+    out: TensorArg<R>,
+) {
+    let column_vectors = problem.n / plan.rhs_vector;
+    let total = problem.batch * problem.m * column_vectors;
+    let (count, dim) = crate::row::elementwise_geometry(client, total);
+    // SAFETY: `partials` holds `splits × total` vectors and `out`/`residual` `total`; units past
+    // `total` exit.
+    unsafe {
+        skinny_combine_kernel::launch_unchecked::<R>(
+            client,
+            count,
+            dim,
+            plan.rhs_vector,
+            partials,
+            bias,
+            residual,
+            out,
+            plan.splits,
+            total,
+            column_vectors,
+            problem.bias,
+            problem.residual,
             dtype,
         )
     }

@@ -26,6 +26,8 @@ use crate::row::{RowLayout, plane_size_for_reduction, row_max, row_sum};
 use cubecl::ir::{ElemType, FloatKind, features::MmaConfig};
 use cubecl::prelude::*;
 
+use crate::measurement_override;
+
 /// Log-sum-exp stored for a row that sees no key: large enough that `exp(s − lse)` is 0.
 pub const EMPTY_LSE: f32 = 1.0e30;
 /// Logit of a masked key: below any real logit, finite so that differences stay defined.
@@ -809,12 +811,6 @@ impl AttentionPlan {
         let splits = shape.kv_len.div_ceil(split_len.max(1)).max(1);
         Ok(Self { config, splits, split_len, tensor_cores, planes })
     }
-}
-
-/// A count forced through environment variable `name` for measurements, if set to a number in
-/// `valid`.
-fn measurement_override(name: &str, valid: std::ops::RangeInclusive<usize>) -> Option<usize> {
-    std::env::var(name).ok().and_then(|v| v.parse::<usize>().ok()).filter(|n| valid.contains(n))
 }
 
 /// Whether the tensor-core forward can run `dtype` heads of `head_dim` on `client`.

@@ -5,7 +5,7 @@
 
 use burn::tensor::{DType, TensorMetadata, ops::{FloatTensor, FloatTensorOps}};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement, tensor::CubeTensor};
-use kiln_kernels::matmul::{SkinnyProblem, launch_skinny};
+use kiln_kernels::matmul::{SkinnyProblem, launch_skinny, launch_skinny_combine};
 
 use super::{GemmLayout, GemmViews, MatmulBackend, output_shape, reference, viewed};
 use crate::backend::cube::{dense, empty_like_device, storage};
@@ -106,19 +106,21 @@ fn skinny<R: CubeRuntime>(
     // Few rows: a copy of a strided left operand is cheap next to reading `rhs`.
     let lhs = if k > 1 && lhs.meta.strides()[2] != 1 { dense(lhs) } else { lhs };
     let problem = SkinnyProblem { lhs_strides: batch_row_strides(&lhs), ..problem };
-    let out = empty_like_device(&lhs, out_shape, lhs.dtype);
-    // An absent bias or residual is bound to `rhs`: the kernel reads them only under their flags.
+    let client = lhs.client.clone();
+    let plan = problem.plan(&client);
+    let dtype = storage(&lhs);
+    let out = empty_like_device(&lhs, out_shape.clone(), lhs.dtype);
+    // An absent bias or residual is bound to `rhs`: the kernels read them only under their flags.
     let extra = |t: Option<&CubeTensor<R>>| t.map_or_else(|| rhs.clone(), |t| dense(t.clone())).into_tensor_arg();
-    launch_skinny(
-        &lhs.client.clone(),
-        storage(&lhs),
-        &problem,
-        lhs.into_tensor_arg(),
-        rhs.clone().into_tensor_arg(),
-        extra(bias),
-        extra(residual),
-        out.clone().into_tensor_arg(),
-    );
+    let (lhs_arg, rhs_arg) = (lhs.into_tensor_arg(), rhs.clone().into_tensor_arg());
+    if plan.splits == 1 {
+        launch_skinny(&client, [dtype; 2], &problem, &plan, lhs_arg, rhs_arg, extra(bias), extra(residual), out.clone().into_tensor_arg());
+    } else {
+        let partials = empty_like_device(&out, [plan.splits * out_shape.num_elements()], DType::F32);
+        let f32_type = storage(&partials);
+        launch_skinny(&client, [dtype, f32_type], &problem, &plan, lhs_arg, rhs_arg, extra(None), extra(None), partials.clone().into_tensor_arg());
+        launch_skinny_combine(&client, dtype, &problem, &plan, partials.into_tensor_arg(), extra(bias), extra(residual), out.clone().into_tensor_arg());
+    }
     Some(out)
 }
 
