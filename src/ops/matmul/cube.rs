@@ -1,7 +1,7 @@
-//! Dense products on CubeCL backends, by shape: products of at most 16 rows (decode-time linear
-//! layers) run kiln's skinny kernel on every runtime; larger ones run cuBLASLt on CUDA and Burn's
-//! autotuned matmul elsewhere (wgpu, f64, cuBLASLt missing). `KILN_GEMM=burn|cublaslt|skinny`
-//! forces a path where it applies (for measurements).
+//! Dense products on CubeCL backends, by shape: products of few rows (decode-time linear layers)
+//! run kiln's skinny kernel on every runtime (see [`skinny_wins`]); the others run cuBLASLt on CUDA
+//! and Burn's autotuned matmul elsewhere (wgpu, f64, cuBLASLt missing).
+//! `KILN_GEMM=burn|cublaslt|skinny` forces a path where it applies (for measurements).
 
 use burn::tensor::{DType, TensorMetadata, ops::{FloatTensor, FloatTensorOps}};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement, tensor::CubeTensor};
@@ -23,7 +23,9 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> MatmulBack
         let path = Path::from_env();
         let mut out = None;
         if matches!(path, Path::Auto | Path::Skinny) {
-            out = skinny(&lhs, &rhs, bias.as_ref(), residual.as_ref(), views.layout);
+            let cublaslt_next = path == Path::Auto && on_cuda(&lhs);
+            let wanted = |p: &SkinnyProblem| !cublaslt_next || skinny_wins(p);
+            out = skinny(&lhs, &rhs, bias.as_ref(), residual.as_ref(), views.layout, wanted);
         }
         #[cfg(feature = "cuda")]
         if out.is_none() && path != Path::Burn {
@@ -54,6 +56,30 @@ impl Path {
     }
 }
 
+/// Whether the tensor lives on CUDA, where products that leave the skinny kernel go to cuBLASLt.
+fn on_cuda<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
+    #[cfg(feature = "cuda")]
+    return cuda::cuda_index(t).is_some();
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = t;
+        false
+    }
+}
+
+/// Whether the skinny kernel beats cuBLASLt for this product on CUDA. The kernel does `m` FMAs per
+/// weight element on CUDA cores, so it slows as rows grow, while a small cuBLASLt product costs
+/// ~55-70 µs a call whatever its rows (its stream handshake). Skinny vs cuBLASLt per call, bf16,
+/// H100 (`benches/RESULTS.md`, 2026-11-24 eleventh session, two calls): m ≤ 2 0.99-2.0× faster on
+/// every Llama layer; m = 4-8 1.02-2.2× up to 11008×4096 weights but 0.70-0.95× on the
+/// 4096×128256 output layer; m = 16 1.6-1.7× on 4096×4096, 0.43-0.65× on the larger ones. Against
+/// Burn's matmul (other runtimes) it is taken whenever it fits.
+fn skinny_wins(p: &SkinnyProblem) -> bool {
+    const MI: usize = 1 << 20;
+    let weights = p.k * p.n;
+    p.m <= 2 || (p.m <= 8 && weights <= 64 * MI) || weights <= 16 * MI
+}
+
 /// The same memory with axes 1 and 2 swapped (no copy).
 fn swap_view<R: CubeRuntime>(t: &CubeTensor<R>) -> CubeTensor<R> {
     let mut view = t.clone();
@@ -69,15 +95,16 @@ fn batch_row_strides<R: CubeRuntime>(t: &CubeTensor<R>) -> [usize; 2] {
 }
 
 /// The product on kiln's skinny kernel, if it has at most `MAX_ROWS` rows, a float dtype the
-/// kernel accumulates in f32 without loss (f32, f16, bf16) and a right operand with unit stride
+/// kernel accumulates in f32 without loss (f32, f16, bf16), a right operand with unit stride
 /// along its columns (`[k, n]` weights as Burn stores them; a transposed `[n, k]` weight is
-/// left to the tiled path).
+/// left to the tiled path), and `wanted` accepts it.
 fn skinny<R: CubeRuntime>(
     lhs: &CubeTensor<R>,
     rhs: &CubeTensor<R>,
     bias: Option<&CubeTensor<R>>,
     residual: Option<&CubeTensor<R>>,
     layout: GemmLayout,
+    wanted: impl Fn(&SkinnyProblem) -> bool,
 ) -> Option<CubeTensor<R>> {
     if !matches!(lhs.dtype, DType::F32 | DType::F16 | DType::BF16) {
         return None;
@@ -100,7 +127,7 @@ fn skinny<R: CubeRuntime>(
         bias: bias.is_some(),
         residual: residual.is_some(),
     };
-    if !problem.fits(&lhs.client) {
+    if !problem.fits(&lhs.client) || !wanted(&problem) {
         return None;
     }
     // Few rows: a copy of a strided left operand is cheap next to reading `rhs`.
@@ -148,7 +175,7 @@ mod cuda {
     }
 
     /// The CUDA device index of a CubeCL tensor, if it lives on CUDA.
-    fn cuda_index<R: CubeRuntime>(t: &CubeTensor<R>) -> Option<usize> {
+    pub(super) fn cuda_index<R: CubeRuntime>(t: &CubeTensor<R>) -> Option<usize> {
         (&t.device as &dyn std::any::Any).downcast_ref::<cubecl::cuda::CudaDevice>().map(|d| d.index)
     }
 
