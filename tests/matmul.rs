@@ -195,21 +195,19 @@ fn skinny_on_raw_buffers(splits: usize) {
         plan.splits = splits;
         plan.layout = SkinnyLayout { split: true, bias: false, residual: false, ..plan.layout };
     }
-    // SAFETY: each argument's shape and strides describe the buffer uploaded for it.
-    let arg = |h: &cubecl::server::Handle, shape: &[usize], strides: &[usize]| unsafe {
-        TensorArg::from_raw_parts(h.clone(), strides.into(), shape.into())
-    };
+    // SAFETY: each length is the element count of the buffer uploaded for it.
+    let arg = |h: &cubecl::server::Handle, len: usize| unsafe { ArrayArg::from_raw_parts(h.clone(), len) };
     let f32_type = f32::as_type_native_unchecked().storage_type();
-    let lhs_arg = || arg(&lhs_h, &[batch, m, k], &[m * lhs_row, lhs_row, 1]);
-    let rhs_arg = || arg(&rhs_h, &[1, k, n], &[0, rhs_row, 1]);
-    let bias_arg = || arg(&bias_h, &[n], &[1]);
-    let res_arg = || arg(&res_h, &[batch, m, n], &[m * n, n, 1]);
-    let out_arg = || arg(&out_h, &[batch, m, n], &[m * n, n, 1]);
+    let lhs_arg = || arg(&lhs_h, lhs.len());
+    let rhs_arg = || arg(&rhs_h, rhs.len());
+    let bias_arg = || arg(&bias_h, n);
+    let res_arg = || arg(&res_h, residual.len());
+    let out_arg = || arg(&out_h, batch * m * n);
     if splits == 1 {
         launch_skinny(&client, [f32_type; 2], &problem, &plan, lhs_arg(), rhs_arg(), bias_arg(), res_arg(), out_arg());
     } else {
         let partials_h = upload(&vec![f32::NAN; splits * batch * m * n]);
-        let partials = || arg(&partials_h, &[splits * batch * m, n], &[n, 1]);
+        let partials = || arg(&partials_h, splits * batch * m * n);
         launch_skinny(&client, [f32_type; 2], &problem, &plan, lhs_arg(), rhs_arg(), rhs_arg(), rhs_arg(), partials());
         launch_skinny_combine(&client, f32_type, &problem, &plan, partials(), bias_arg(), res_arg(), out_arg());
     }

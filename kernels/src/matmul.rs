@@ -12,6 +12,11 @@
 //! reduction axis: unit `(slice, column)` streams `rhs` rows `k ≡ slice (mod slices)` in chunks,
 //! one vector load per row, and keeps every output row's partial sums in registers. The partials
 //! are summed across a plane by lane shuffles, then across planes through shared memory.
+//!
+//! Operands are bound as arrays, their strides passed as scalars: a `Tensor` binding makes CubeCL
+//! upload its shape and strides before every launch (a staging copy and an allocation on the
+//! device thread, one more `cuMemcpyHtoDAsync` per product on CUDA), a visible part of a call at
+//! decode sizes.
 
 use cubecl::prelude::*;
 
@@ -143,11 +148,11 @@ fn prev_power_of_two(n: usize) -> usize {
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn skinny_kernel<F: Float, O: Float, NX: Size, NW: Size>(
-    lhs: &Tensor<Vector<F, NX>>,
-    rhs: &Tensor<Vector<F, NW>>,
-    bias: &Tensor<Vector<F, NW>>,
-    residual: &Tensor<Vector<F, NW>>,
-    out: &mut Tensor<Vector<O, NW>>,
+    lhs: &Array<Vector<F, NX>>,
+    rhs: &Array<Vector<F, NW>>,
+    bias: &Array<Vector<F, NW>>,
+    residual: &Array<Vector<F, NW>>,
+    out: &mut Array<Vector<O, NW>>,
     m: usize,
     chunks: usize,
     chunks_per_split: usize,
@@ -189,30 +194,58 @@ fn skinny_kernel<F: Float, O: Float, NX: Size, NW: Size>(
     for r in 0..rows {
         acc[r] = Vector::new(0.0);
     }
-    let mut xs = Array::<Vector<f32, NX>>::new(rows);
+    // Two chunks per step, all their loads issued before either is used: one chunk's loads alone
+    // left each unit waiting on memory between steps. Past the end the second chunk re-reads the
+    // first and counts for nothing (its lhs values are zeroed).
+    let weights = NX::value();
+    let mut wa = Array::<Vector<F, NW>>::new(weights);
+    let mut wb = Array::<Vector<F, NW>>::new(weights);
+    let mut xa = Array::<Vector<f32, NX>>::new(rows);
+    let mut xb = Array::<Vector<f32, NX>>::new(rows);
     let mut chunk = first_chunk + slice;
     while chunk < end_chunk {
+        let second = chunk + slices < end_chunk;
+        let (rhs_next, lhs_next) = (select(second, rhs_step, 0), select(second, slices, 0));
+        #[unroll]
+        for j in 0..weights {
+            wa[j] = rhs[rhs_offset + j * rhs_row_stride];
+            wb[j] = rhs[rhs_offset + rhs_next + j * rhs_row_stride];
+        }
+        let keep = Vector::<f32, NX>::new(select(second, 1.0, 0.0));
         #[unroll]
         for r in 0..rows {
-            xs[r] = Vector::cast_from(lhs[lhs_offsets[r]]);
-            lhs_offsets[r] += slices;
+            xa[r] = Vector::cast_from(lhs[lhs_offsets[r]]);
+            xb[r] = Vector::cast_from(lhs[lhs_offsets[r] + lhs_next]) * keep;
+            lhs_offsets[r] += 2 * slices;
         }
-        #[unroll]
-        for j in 0..NX::value() {
-            let w = Vector::<f32, NW>::cast_from(rhs[rhs_offset + j * rhs_row_stride]);
-            #[unroll]
-            for r in 0..rows {
-                let x = xs[r];
-                acc[r] = fma(Vector::new(x[j]), w, acc[r]);
-            }
-        }
-        rhs_offset += rhs_step;
-        chunk += slices;
+        accumulate(&mut acc, &xa, &wa, rows);
+        accumulate(&mut acc, &xb, &wb, rows);
+        rhs_offset += 2 * rhs_step;
+        chunk += 2 * slices;
     }
 
     // A split writes its partial sums at `[split, batch, row, column]`.
     let out_batch = split * CUBE_COUNT_Y as usize + batch;
     reduce_and_store(acc, bias, residual, out, m, column_vectors, out_batch, first_column, layout);
+}
+
+/// `acc[r] += Σ_j x[r][j] · w[j]` for one chunk of `k`.
+#[cube]
+fn accumulate<F: Float, NX: Size, NW: Size>(
+    acc: &mut Array<Vector<f32, NW>>,
+    x: &Array<Vector<f32, NX>>,
+    w: &Array<Vector<F, NW>>,
+    #[comptime] rows: usize,
+) {
+    #[unroll]
+    for j in 0..NX::value() {
+        let wj = Vector::<f32, NW>::cast_from(w[j]);
+        #[unroll]
+        for r in 0..rows {
+            let xr = x[r];
+            acc[r] = fma(Vector::new(xr[j]), wj, acc[r]);
+        }
+    }
 }
 
 /// Sum every unit's partials over the slices of its column and write the output rows (plus the
@@ -223,9 +256,9 @@ fn skinny_kernel<F: Float, O: Float, NX: Size, NW: Size>(
 #[allow(clippy::too_many_arguments)]
 fn reduce_and_store<F: Float, O: Float, NW: Size>(
     mut acc: Array<Vector<f32, NW>>,
-    bias: &Tensor<Vector<F, NW>>,
-    residual: &Tensor<Vector<F, NW>>,
-    out: &mut Tensor<Vector<O, NW>>,
+    bias: &Array<Vector<F, NW>>,
+    residual: &Array<Vector<F, NW>>,
+    out: &mut Array<Vector<O, NW>>,
     m: usize,
     column_vectors: usize,
     batch: usize,
@@ -280,8 +313,8 @@ fn reduce_and_store<F: Float, O: Float, NW: Size>(
 #[cube]
 fn epilogue<F: Float, NW: Size>(
     sum: Vector<f32, NW>,
-    bias: &Tensor<Vector<F, NW>>,
-    residual: &Tensor<Vector<F, NW>>,
+    bias: &Array<Vector<F, NW>>,
+    residual: &Array<Vector<F, NW>>,
     column: usize,
     at: usize,
     #[comptime] with_bias: bool,
@@ -302,10 +335,10 @@ fn epilogue<F: Float, NW: Size>(
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn skinny_combine_kernel<F: Float, NW: Size>(
-    partials: &Tensor<Vector<f32, NW>>,
-    bias: &Tensor<Vector<F, NW>>,
-    residual: &Tensor<Vector<F, NW>>,
-    out: &mut Tensor<Vector<F, NW>>,
+    partials: &Array<Vector<f32, NW>>,
+    bias: &Array<Vector<F, NW>>,
+    residual: &Array<Vector<F, NW>>,
+    out: &mut Array<Vector<F, NW>>,
     splits: usize,
     total: usize,
     column_vectors: usize,
@@ -336,11 +369,11 @@ pub fn launch_skinny<R: Runtime>(
     types: [StorageType; 2],
     problem: &SkinnyProblem,
     plan: &SkinnyPlan,
-    lhs: TensorArg<R>,
-    rhs: TensorArg<R>,
-    bias: TensorArg<R>,
-    residual: TensorArg<R>,
-    out: TensorArg<R>,
+    lhs: ArrayArg<R>,
+    rhs: ArrayArg<R>,
+    bias: ArrayArg<R>,
+    residual: ArrayArg<R>,
+    out: ArrayArg<R>,
 ) {
     let (lv, rv) = (plan.lhs_vector, plan.rhs_vector);
     let chunks = problem.k / lv;
@@ -381,10 +414,10 @@ pub fn launch_skinny_combine<R: Runtime>(
     dtype: StorageType,
     problem: &SkinnyProblem,
     plan: &SkinnyPlan,
-    partials: TensorArg<R>,
-    bias: TensorArg<R>,
-    residual: TensorArg<R>,
-    out: TensorArg<R>,
+    partials: ArrayArg<R>,
+    bias: ArrayArg<R>,
+    residual: ArrayArg<R>,
+    out: ArrayArg<R>,
 ) {
     let column_vectors = problem.n / plan.rhs_vector;
     let total = problem.batch * problem.m * column_vectors;

@@ -138,15 +138,15 @@ fn skinny<R: CubeRuntime>(
     let dtype = storage(&lhs);
     let out = empty_like_device(&lhs, out_shape.clone(), lhs.dtype);
     // An absent bias or residual is bound to `rhs`: the kernels read them only under their flags.
-    let extra = |t: Option<&CubeTensor<R>>| t.map_or_else(|| rhs.clone(), |t| dense(t.clone())).into_tensor_arg();
-    let (lhs_arg, rhs_arg) = (lhs.into_tensor_arg(), rhs.clone().into_tensor_arg());
+    let extra = |t: Option<&CubeTensor<R>>| t.map_or_else(|| rhs.clone(), |t| dense(t.clone())).into_array_arg();
+    let (lhs_arg, rhs_arg) = (lhs.into_array_arg(), rhs.clone().into_array_arg());
     if plan.splits == 1 {
-        launch_skinny(&client, [dtype; 2], &problem, &plan, lhs_arg, rhs_arg, extra(bias), extra(residual), out.clone().into_tensor_arg());
+        launch_skinny(&client, [dtype; 2], &problem, &plan, lhs_arg, rhs_arg, extra(bias), extra(residual), out.clone().into_array_arg());
     } else {
         let partials = empty_like_device(&out, [plan.splits * out_shape.num_elements()], DType::F32);
         let f32_type = storage(&partials);
-        launch_skinny(&client, [dtype, f32_type], &problem, &plan, lhs_arg, rhs_arg, extra(None), extra(None), partials.clone().into_tensor_arg());
-        launch_skinny_combine(&client, dtype, &problem, &plan, partials.into_tensor_arg(), extra(bias), extra(residual), out.clone().into_tensor_arg());
+        launch_skinny(&client, [dtype, f32_type], &problem, &plan, lhs_arg, rhs_arg, extra(None), extra(None), partials.clone().into_array_arg());
+        launch_skinny_combine(&client, dtype, &problem, &plan, partials.into_array_arg(), extra(bias), extra(residual), out.clone().into_array_arg());
     }
     Some(out)
 }
