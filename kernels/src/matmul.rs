@@ -194,58 +194,30 @@ fn skinny_kernel<F: Float, O: Float, NX: Size, NW: Size>(
     for r in 0..rows {
         acc[r] = Vector::new(0.0);
     }
-    // Two chunks per step, all their loads issued before either is used: one chunk's loads alone
-    // left each unit waiting on memory between steps. Past the end the second chunk re-reads the
-    // first and counts for nothing (its lhs values are zeroed).
-    let weights = NX::value();
-    let mut wa = Array::<Vector<F, NW>>::new(weights);
-    let mut wb = Array::<Vector<F, NW>>::new(weights);
-    let mut xa = Array::<Vector<f32, NX>>::new(rows);
-    let mut xb = Array::<Vector<f32, NX>>::new(rows);
+    let mut xs = Array::<Vector<f32, NX>>::new(rows);
     let mut chunk = first_chunk + slice;
     while chunk < end_chunk {
-        let second = chunk + slices < end_chunk;
-        let (rhs_next, lhs_next) = (select(second, rhs_step, 0), select(second, slices, 0));
-        #[unroll]
-        for j in 0..weights {
-            wa[j] = rhs[rhs_offset + j * rhs_row_stride];
-            wb[j] = rhs[rhs_offset + rhs_next + j * rhs_row_stride];
-        }
-        let keep = Vector::<f32, NX>::new(select(second, 1.0, 0.0));
         #[unroll]
         for r in 0..rows {
-            xa[r] = Vector::cast_from(lhs[lhs_offsets[r]]);
-            xb[r] = Vector::cast_from(lhs[lhs_offsets[r] + lhs_next]) * keep;
-            lhs_offsets[r] += 2 * slices;
+            xs[r] = Vector::cast_from(lhs[lhs_offsets[r]]);
+            lhs_offsets[r] += slices;
         }
-        accumulate(&mut acc, &xa, &wa, rows);
-        accumulate(&mut acc, &xb, &wb, rows);
-        rhs_offset += 2 * rhs_step;
-        chunk += 2 * slices;
+        #[unroll]
+        for j in 0..NX::value() {
+            let w = Vector::<f32, NW>::cast_from(rhs[rhs_offset + j * rhs_row_stride]);
+            #[unroll]
+            for r in 0..rows {
+                let x = xs[r];
+                acc[r] = fma(Vector::new(x[j]), w, acc[r]);
+            }
+        }
+        rhs_offset += rhs_step;
+        chunk += slices;
     }
 
     // A split writes its partial sums at `[split, batch, row, column]`.
     let out_batch = split * CUBE_COUNT_Y as usize + batch;
     reduce_and_store(acc, bias, residual, out, m, column_vectors, out_batch, first_column, layout);
-}
-
-/// `acc[r] += Σ_j x[r][j] · w[j]` for one chunk of `k`.
-#[cube]
-fn accumulate<F: Float, NX: Size, NW: Size>(
-    acc: &mut Array<Vector<f32, NW>>,
-    x: &Array<Vector<f32, NX>>,
-    w: &Array<Vector<F, NW>>,
-    #[comptime] rows: usize,
-) {
-    #[unroll]
-    for j in 0..NX::value() {
-        let wj = Vector::<f32, NW>::cast_from(w[j]);
-        #[unroll]
-        for r in 0..rows {
-            let xr = x[r];
-            acc[r] = fma(Vector::new(xr[j]), wj, acc[r]);
-        }
-    }
 }
 
 /// Sum every unit's partials over the slices of its column and write the output rows (plus the
