@@ -3,6 +3,12 @@
 //!
 //! One module per op, named after the op; `row` holds the launch geometry and the in-cube
 //! reduction that the row-wise ops (RMSNorm, fused RMSNorm+RoPE) share.
+//!
+//! Kernels that index their operands linearly (or with strides passed as scalars) bind them as
+//! `Array`s, not `Tensor`s: for every `Tensor` binding CubeCL uploads its shape and strides before
+//! the launch (on CUDA a staging copy, an allocation and a `cuMemcpyHtoDAsync` on the device
+//! thread), which on the H100 held the host back behind the GPU and doubled the per-call time of
+//! small products (`benches/RESULTS.md`, 2026-11-24 eleventh session).
 
 pub mod flash_attention;
 pub mod matmul;

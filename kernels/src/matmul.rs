@@ -12,11 +12,7 @@
 //! reduction axis: unit `(slice, column)` streams `rhs` rows `k ≡ slice (mod slices)` in chunks,
 //! one vector load per row, and keeps every output row's partial sums in registers. The partials
 //! are summed across a plane by lane shuffles, then across planes through shared memory.
-//!
-//! Operands are bound as arrays, their strides passed as scalars: a `Tensor` binding makes CubeCL
-//! upload its shape and strides before every launch (a staging copy and an allocation on the
-//! device thread, one more `cuMemcpyHtoDAsync` per product on CUDA), a visible part of a call at
-//! decode sizes.
+//! Operands are bound as arrays with their strides as scalars (see the crate docs for why).
 
 use cubecl::prelude::*;
 

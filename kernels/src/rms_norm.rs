@@ -14,12 +14,12 @@ use cubecl::prelude::*;
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn rms_norm_forward_kernel<F: Float, N: Size>(
-    x: &Tensor<Vector<F, N>>,
-    residual: &Tensor<Vector<F, N>>,
-    gamma: &Tensor<Vector<F, N>>,
-    y: &mut Tensor<Vector<F, N>>,
-    residual_out: &mut Tensor<Vector<F, N>>,
-    rstd: &mut Tensor<f32>,
+    x: &Array<Vector<F, N>>,
+    residual: &Array<Vector<F, N>>,
+    gamma: &Array<Vector<F, N>>,
+    y: &mut Array<Vector<F, N>>,
+    residual_out: &mut Array<Vector<F, N>>,
+    rstd: &mut Array<f32>,
     rows: usize,
     width: usize,
     epsilon: f32,
@@ -69,12 +69,12 @@ fn rms_norm_forward_kernel<F: Float, N: Size>(
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn rms_norm_backward_kernel<F: Float, N: Size>(
-    h: &Tensor<Vector<F, N>>,
-    gamma: &Tensor<Vector<F, N>>,
-    rstd: &Tensor<f32>,
-    dy: &Tensor<Vector<F, N>>,
-    dh: &mut Tensor<Vector<F, N>>,
-    dgamma_partials: &mut Tensor<Vector<f32, N>>,
+    h: &Array<Vector<F, N>>,
+    gamma: &Array<Vector<F, N>>,
+    rstd: &Array<f32>,
+    dy: &Array<Vector<F, N>>,
+    dh: &mut Array<Vector<F, N>>,
+    dgamma_partials: &mut Array<Vector<f32, N>>,
     rows: usize,
     width: usize,
     iterations: usize,
@@ -173,12 +173,12 @@ impl RmsNormPlan {
 /// Arguments of one RMSNorm forward launch. `residual`/`residual_out` are read/written only when
 /// `has_residual`; otherwise any valid bindings may be passed.
 pub struct RmsNormForwardArgs<R: Runtime> {
-    pub x: TensorArg<R>,
-    pub residual: TensorArg<R>,
-    pub gamma: TensorArg<R>,
-    pub y: TensorArg<R>,
-    pub residual_out: TensorArg<R>,
-    pub rstd: TensorArg<R>,
+    pub x: ArrayArg<R>,
+    pub residual: ArrayArg<R>,
+    pub gamma: ArrayArg<R>,
+    pub y: ArrayArg<R>,
+    pub residual_out: ArrayArg<R>,
+    pub rstd: ArrayArg<R>,
     pub has_residual: bool,
 }
 
@@ -223,12 +223,12 @@ pub fn launch_forward<R: Runtime>(
 /// Arguments of one RMSNorm backward launch (`h` is the normalized input, `x + residual` when the
 /// forward had a residual: its gradient flows to both).
 pub struct RmsNormBackwardArgs<R: Runtime> {
-    pub h: TensorArg<R>,
-    pub gamma: TensorArg<R>,
-    pub rstd: TensorArg<R>,
-    pub dy: TensorArg<R>,
-    pub dh: TensorArg<R>,
-    pub dgamma_partials: TensorArg<R>,
+    pub h: ArrayArg<R>,
+    pub gamma: ArrayArg<R>,
+    pub rstd: ArrayArg<R>,
+    pub dy: ArrayArg<R>,
+    pub dh: ArrayArg<R>,
+    pub dgamma_partials: ArrayArg<R>,
 }
 
 /// Launch the backward with `cubes` cubes (see [`RowLayout::grid_stride_cubes`] of

@@ -43,9 +43,9 @@ fn activation<N: Size>(g: Vector<f32, N>, #[comptime] act: GluActivation) -> (Ve
 
 #[cube(launch_unchecked)]
 fn glu_forward_kernel<F: Float, N: Size>(
-    gate: &Tensor<Vector<F, N>>,
-    up: &Tensor<Vector<F, N>>,
-    out: &mut Tensor<Vector<F, N>>,
+    gate: &Array<Vector<F, N>>,
+    up: &Array<Vector<F, N>>,
+    out: &mut Array<Vector<F, N>>,
     total: usize,
     #[comptime] act: GluActivation,
     #[define(F)] _dtype: StorageType,
@@ -61,11 +61,11 @@ fn glu_forward_kernel<F: Float, N: Size>(
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn glu_backward_kernel<F: Float, N: Size>(
-    gate: &Tensor<Vector<F, N>>,
-    up: &Tensor<Vector<F, N>>,
-    dy: &Tensor<Vector<F, N>>,
-    d_gate: &mut Tensor<Vector<F, N>>,
-    d_up: &mut Tensor<Vector<F, N>>,
+    gate: &Array<Vector<F, N>>,
+    up: &Array<Vector<F, N>>,
+    dy: &Array<Vector<F, N>>,
+    d_gate: &mut Array<Vector<F, N>>,
+    d_up: &mut Array<Vector<F, N>>,
     total: usize,
     #[comptime] act: GluActivation,
     #[define(F)] _dtype: StorageType,
@@ -90,9 +90,9 @@ pub fn launch_forward<R: Runtime>(
     len: usize,
     vector_size: usize,
     act: GluActivation,
-    gate: TensorArg<R>,
-    up: TensorArg<R>,
-    out: TensorArg<R>,
+    gate: ArrayArg<R>,
+    up: ArrayArg<R>,
+    out: ArrayArg<R>,
 ) {
     let total = len / vector_size;
     if total == 0 {
@@ -113,11 +113,11 @@ pub fn launch_backward<R: Runtime>(
     len: usize,
     vector_size: usize,
     act: GluActivation,
-    gate: TensorArg<R>,
-    up: TensorArg<R>,
-    dy: TensorArg<R>,
-    d_gate: TensorArg<R>,
-    d_up: TensorArg<R>,
+    gate: ArrayArg<R>,
+    up: ArrayArg<R>,
+    dy: ArrayArg<R>,
+    d_gate: ArrayArg<R>,
+    d_up: ArrayArg<R>,
 ) {
     let total = len / vector_size;
     if total == 0 {

@@ -368,10 +368,10 @@ fn forward_kernel<F: Float, O: Float>(
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn combine_kernel<O: Float>(
-    partial_out: &Tensor<f32>,
-    partial_lse: &Tensor<f32>,
-    out: &mut Tensor<O>,
-    lse: &mut Tensor<f32>,
+    partial_out: &Array<f32>,
+    partial_lse: &Array<f32>,
+    out: &mut Array<O>,
+    lse: &mut Array<f32>,
     splits: usize,
     rows: usize,
     #[comptime] head_dim: usize,
@@ -918,7 +918,8 @@ pub fn launch_forward<R: Runtime>(
 }
 
 /// Merge `splits` partials (`[splits, rows, head_dim]` f32, `[splits, rows]` f32) into `out`
-/// (`[rows, head_dim]` of `dtype`) and `lse` (`[rows]` f32).
+/// (`[rows, head_dim]` of `dtype`) and `lse` (`[rows]` f32), all dense, bound as arrays (see the
+/// crate docs).
 #[allow(clippy::too_many_arguments)]
 pub fn launch_combine<R: Runtime>(
     client: &ComputeClient<R>,
@@ -926,10 +927,10 @@ pub fn launch_combine<R: Runtime>(
     splits: usize,
     rows: usize,
     head_dim: usize,
-    partial_out: TensorArg<R>,
-    partial_lse: TensorArg<R>,
-    out: TensorArg<R>,
-    lse: TensorArg<R>,
+    partial_out: ArrayArg<R>,
+    partial_lse: ArrayArg<R>,
+    out: ArrayArg<R>,
+    lse: ArrayArg<R>,
 ) {
     // Columns and split groups per cube: all columns if they fit the device's cube, then as many
     // groups as fit and there are splits.

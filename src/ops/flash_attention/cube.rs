@@ -106,10 +106,10 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashAtten
                 plan.splits,
                 rows,
                 shape.head_dim,
-                partial_out.into_tensor_arg(),
-                partial_lse.into_tensor_arg(),
-                output.clone().into_tensor_arg(),
-                lse.clone().into_tensor_arg(),
+                partial_out.into_array_arg(),
+                partial_lse.into_array_arg(),
+                output.clone().into_array_arg(),
+                lse.clone().into_array_arg(),
             );
         }
         AttentionOutput { output, lse }

@@ -55,12 +55,12 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> RmsNormBac
             width,
             epsilon as f32,
             RmsNormForwardArgs {
-                x: x.into_tensor_arg(),
-                residual: residual.into_tensor_arg(),
-                gamma: gamma.into_tensor_arg(),
-                y: output.clone().into_tensor_arg(),
-                residual_out: residual_out_arg.into_tensor_arg(),
-                rstd: rstd.clone().into_tensor_arg(),
+                x: x.into_array_arg(),
+                residual: residual.into_array_arg(),
+                gamma: gamma.into_array_arg(),
+                y: output.clone().into_array_arg(),
+                residual_out: residual_out_arg.into_array_arg(),
+                rstd: rstd.clone().into_array_arg(),
                 has_residual,
             },
         );
@@ -96,12 +96,12 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> RmsNormBac
             width,
             cubes,
             RmsNormBackwardArgs {
-                h: h.into_tensor_arg(),
-                gamma: gamma.into_tensor_arg(),
-                rstd: rstd.into_tensor_arg(),
-                dy: dy.into_tensor_arg(),
-                dh: dh.clone().into_tensor_arg(),
-                dgamma_partials: partials.clone().into_tensor_arg(),
+                h: h.into_array_arg(),
+                gamma: gamma.into_array_arg(),
+                rstd: rstd.into_array_arg(),
+                dy: dy.into_array_arg(),
+                dh: dh.clone().into_array_arg(),
+                dgamma_partials: partials.clone().into_array_arg(),
             },
         );
         (dh, crate::backend::cube::sum_partials::<R, F, I, BT>(partials, gamma_dtype))

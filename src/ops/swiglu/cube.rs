@@ -24,9 +24,9 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SwiGluBack
             len,
             vector_size,
             act,
-            gate.into_tensor_arg(),
-            up.into_tensor_arg(),
-            out.clone().into_tensor_arg(),
+            gate.into_array_arg(),
+            up.into_array_arg(),
+            out.clone().into_array_arg(),
         );
         out
     }
@@ -47,11 +47,11 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SwiGluBack
             len,
             vector_size,
             act,
-            gate.into_tensor_arg(),
-            up.into_tensor_arg(),
-            dy.into_tensor_arg(),
-            d_gate.clone().into_tensor_arg(),
-            d_up.clone().into_tensor_arg(),
+            gate.into_array_arg(),
+            up.into_array_arg(),
+            dy.into_array_arg(),
+            d_gate.clone().into_array_arg(),
+            d_up.clone().into_array_arg(),
         );
         (d_gate, d_up)
     }
