@@ -419,6 +419,26 @@ fn bench_decode(device: &CudaDevice) {
     }
 }
 
+/// One decode-sized RMSNorm (`[1, 4096]` bf16, no residual) per call on `CubeBackend`: per call
+/// time over 2000 calls (median of three), for `cuda_trace.so` to count each call's launches.
+fn bench_rms_norm_calls(device: &CudaDevice) {
+    type Cube = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
+    let x = Tensor::<Cube, 2>::random([1, 4096], Distribution::Normal(0.0, 1.0), device).cast(DType::BF16);
+    let g = Tensor::<Cube, 1>::random([4096], Distribution::Normal(0.0, 1.0), device).cast(DType::BF16);
+    let mut times: Vec<f64> = (0..4)
+        .map(|_| {
+            let start = Instant::now();
+            let outs: Vec<_> = (0..2000).map(|_| ops::rms_norm(x.clone(), g.clone(), 1e-6)).collect();
+            <Cube as Backend>::sync(device).unwrap();
+            drop(outs);
+            start.elapsed().as_secs_f64() / 2000.0
+        })
+        .collect();
+    times.remove(0);
+    times.sort_by(f64::total_cmp);
+    println!("bench rms_norm [1, 4096] bf16 on CubeBackend: {:.1} us/call (8000 calls in all)", times[1] * 1e6);
+}
+
 fn main() {
     let mode = std::env::args().nth(1).unwrap_or_else(|| "all".into());
     let device = CudaDevice::default();
@@ -457,6 +477,9 @@ fn main() {
     }
     if mode == "gemm-skinny-kernels" {
         gemm::skinny_kernels(&device, std::env::args().nth(2).and_then(|a| a.parse().ok()).unwrap_or(1));
+    }
+    if mode == "rms-norm-calls" {
+        bench_rms_norm_calls(&device);
     }
     if mode == "gemm-host" {
         gemm::bench_host(&device);

@@ -4,7 +4,7 @@ use burn::tensor::{DType, Shape};
 use burn_cubecl::{
     CubeRuntime,
     kernel::into_contiguous,
-    ops::numeric::{empty_device_contiguous_dtype, zeros_client},
+    ops::numeric::empty_device_contiguous_dtype,
     tensor::CubeTensor,
 };
 use cubecl::prelude::StorageType;
@@ -17,11 +17,6 @@ pub(crate) fn empty_like_device<R: CubeRuntime>(
     dtype: DType,
 ) -> CubeTensor<R> {
     empty_device_contiguous_dtype(like.client.clone(), like.device.clone(), shape.into(), dtype)
-}
-
-/// A zero-filled one-element placeholder for kernel bindings a launch leaves unused.
-pub(crate) fn placeholder<R: CubeRuntime>(like: &CubeTensor<R>) -> CubeTensor<R> {
-    zeros_client(like.client.clone(), like.device.clone(), Shape::new([1]), like.dtype)
 }
 
 /// The tensor in dense row-major layout (a no-op when it already is).

@@ -7,7 +7,7 @@ use kiln_kernels::rms_norm::{
 };
 
 use super::{RmsNormBackend, RmsNormOutput};
-use crate::backend::cube::{dense, empty_like_device, placeholder, storage};
+use crate::backend::cube::{dense, empty_like_device, storage};
 use crate::ops::rms_norm::reference;
 
 /// `(rows, width)` of a `[.., width]` tensor.
@@ -46,7 +46,12 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> RmsNormBac
             Some(r) => (dense(r), Some(empty_like_device(&x, x.shape(), x.dtype))),
             None => (x.clone(), None),
         };
-        let residual_out_arg = residual_out.clone().unwrap_or_else(|| placeholder(&x));
+        // Without a residual the kernel never writes `residual_out`: it aliases `x` (input 0)
+        // instead of a fresh buffer (a fill launch per call, ~8 µs of host time on the H100).
+        let residual_out_arg = match &residual_out {
+            Some(r) => r.clone().into_array_arg(),
+            None => x.as_tensor_alias(0).into_array_arg(),
+        };
         launch_forward(
             &client,
             &plan,
@@ -59,7 +64,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> RmsNormBac
                 residual: residual.into_array_arg(),
                 gamma: gamma.into_array_arg(),
                 y: output.clone().into_array_arg(),
-                residual_out: residual_out_arg.into_array_arg(),
+                residual_out: residual_out_arg,
                 rstd: rstd.clone().into_array_arg(),
                 has_residual,
             },
