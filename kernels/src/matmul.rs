@@ -17,6 +17,7 @@
 use cubecl::prelude::*;
 
 use crate::measurement_override;
+use crate::row::{prev_power_of_two, vector_size_for};
 
 /// The most product rows the skinny kernel takes; larger products go to a tiled GEMM.
 pub const MAX_ROWS: usize = 16;
@@ -96,13 +97,11 @@ impl SkinnyProblem {
         let props = client.properties();
         let hw = &props.hardware;
         let rows = self.m.next_power_of_two();
-        let width = |len: usize, strides: [usize; 2], lanes: usize| {
-            client
-                .io_optimized_vector_sizes(self.elem_size)
-                .filter(|&v| v * self.elem_size <= 16 && v * rows <= lanes)
-                .filter(|&v| len % v == 0 && strides.iter().all(|s| s % v == 0))
-                .max()
-                .unwrap_or(1)
+        // The widest vector dividing the length and both strides, within 16 bytes and `lanes / rows`
+        // elements per row.
+        let width = |len: usize, [s0, s1]: [usize; 2], lanes: usize| {
+            let max_bytes = (lanes / rows * self.elem_size).min(16);
+            vector_size_for(client, gcd(gcd(len, s0), s1), self.elem_size, max_bytes)
         };
         let lhs_vector = width(self.k, self.lhs_strides, LHS_LANES);
         let rhs_vector = width(self.n, self.rhs_strides, ACCUMULATOR_LANES);
@@ -137,8 +136,9 @@ impl SkinnyProblem {
     }
 }
 
-fn prev_power_of_two(n: usize) -> usize {
-    1 << (usize::BITS - 1 - n.max(1).leading_zeros())
+/// Greatest common divisor (`gcd(a, 0) = a`).
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 #[cube(launch_unchecked)]

@@ -126,7 +126,8 @@ pub(crate) fn plane_size_for_reduction<R: Runtime>(client: &ComputeClient<R>) ->
     }
 }
 
-fn prev_power_of_two(n: usize) -> usize {
+/// The largest power of two not above `n` (`n` ≥ 1).
+pub(crate) fn prev_power_of_two(n: usize) -> usize {
     1 << (usize::BITS - 1 - n.leading_zeros())
 }
 
