@@ -196,10 +196,13 @@ fn bench(device: &CudaDevice) {
     }), 3.0 * nq * bf, copy_rate);
 }
 
-/// The tensor-core forward in `dtype` (bf16 or f16) against the f64 oracle, with the reference
-/// forward (Burn ops on CUDA) in the same dtype as the baseline of DEVELOPERS.md's rule. Forward
-/// only: `parity attention BF16` runs the backward through the full harness.
-fn parity_tensor_cores(device: &CudaDevice, dtype: DType) -> bool {
+/// The tensor-core forward and backward in `dtype` (bf16 or f16) against the f64 oracle, with
+/// the reference (Burn ops on CUDA) in the same dtype as the baseline of DEVELOPERS.md's rule.
+/// The backward runs on the backend's primitives (the kernel's forward output and log-sum-exp
+/// feed the kernel's backward, the reference's feed the reference's), with a random output
+/// gradient; the memory pool is poisoned before each case. `backward` = false checks the forward
+/// alone (decode-sized cases are cheap that way).
+fn parity_tensor_cores(device: &CudaDevice, dtype: DType, backward: bool) -> bool {
     use kiln::ops::flash_attention::reference;
     let mut ok = true;
     let causal = AttentionOptions::causal();
@@ -224,29 +227,32 @@ fn parity_tensor_cores(device: &CudaDevice, dtype: DType) -> bool {
         let start = Instant::now();
         let data = |shape: &[usize], seed| common::random(shape, seed);
         let (qs, ks) = ([case.batch, case.q_heads, case.q_len, case.head_dim], [case.batch, case.kv_heads, case.kv_len, case.head_dim]);
-        let inputs = [data(&qs, 1), data(&ks, 2), data(&ks, 3)];
+        let inputs = [data(&qs, 1), data(&ks, 2), data(&ks, 3), data(&qs, 5)];
         let bias = case.bias.then(|| data(&[case.batch, case.q_heads, case.q_len, case.kv_len], 4));
-        let run = |kernel: bool, dtype: DType| -> Vec<f64> {
-            let [q, k, v] = inputs.clone().map(|d| common::tensor::<B, 4>(&d, dtype, device));
-            let bias = bias.as_ref().map(|d| common::tensor::<B, 4>(d, dtype, device));
-            if kernel {
-                common::values(ops::flash_attention(q, k, v, bias, case.options))
-            } else {
-                let out = reference::forward::<B>(q.into_primitive().tensor(), k.into_primitive().tensor(), v.into_primitive().tensor(), bias.map(|b| b.into_primitive().tensor()), case.options);
-                common::values(Tensor::<B, 4>::from_primitive(burn::tensor::TensorPrimitive::Float(out.output)))
+        // out, then dq, dk, dv when `backward`.
+        fn outputs<BK: FlashAttentionBackend>(kernel: bool, backward: bool, inputs: &[burn::tensor::TensorData; 4], bias: Option<&burn::tensor::TensorData>, options: AttentionOptions, dtype: DType, device: &BK::Device) -> Vec<Vec<f64>> {
+            let [q, k, v, d_out] = inputs.clone().map(|d| common::tensor::<BK, 4>(&d, dtype, device).into_primitive().tensor());
+            let bias = bias.map(|d| common::tensor::<BK, 4>(d, dtype, device).into_primitive().tensor());
+            let forward = if kernel { BK::flash_attention_forward } else { reference::forward::<BK> };
+            let fwd = forward(q.clone(), k.clone(), v.clone(), bias.clone(), options);
+            let wrap = |t| common::values(Tensor::<BK, 4>::from_primitive(burn::tensor::TensorPrimitive::Float(t)));
+            let mut out = vec![wrap(fwd.output.clone())];
+            if backward {
+                let backward = if kernel { BK::flash_attention_backward } else { reference::backward::<BK> };
+                let (dq, dk, dv) = backward(q, k, v, bias, fwd.output, fwd.lse, d_out, options);
+                out.extend([dq, dk, dv].map(wrap));
             }
-        };
-        let oracle = {
-            type O = burn::backend::NdArray<f64>;
-            let [q, k, v] = inputs.clone().map(|d| common::tensor::<O, 4>(&d, DType::F64, &Default::default()));
-            let bias = bias.as_ref().map(|d| common::tensor::<O, 4>(d, DType::F64, &Default::default()).into_primitive().tensor());
-            let out = reference::forward::<O>(q.into_primitive().tensor(), k.into_primitive().tensor(), v.into_primitive().tensor(), bias, case.options);
-            common::values(Tensor::<O, 4>::from_primitive(burn::tensor::TensorPrimitive::Float(out.output)))
-        };
+            out
+        }
         common::poison::<B>(device, case.footprint() * 4, dtype);
-        let c = common::compare("out", &run(true, dtype), &run(false, dtype), &oracle, dtype, case.depth());
-        println!("parity tensor-core attention {case:?} {dtype:?} out kernel_err {:.3e} ref_err {:.3e} bound {:.3e} {} ({:.1} s)", c.kernel_err, c.reference_err, c.bound, if c.passed() { "ok" } else { "FAIL" }, start.elapsed().as_secs_f64());
-        ok &= c.passed();
+        let kernel = outputs::<B>(true, backward, &inputs, bias.as_ref(), case.options, dtype, device);
+        let reference = outputs::<B>(false, backward, &inputs, bias.as_ref(), case.options, dtype, device);
+        let oracle = outputs::<burn::backend::NdArray<f64>>(false, backward, &inputs, bias.as_ref(), case.options, DType::F64, &Default::default());
+        for (i, name) in ["out", "dq", "dk", "dv"].into_iter().enumerate().take(kernel.len()) {
+            let c = common::compare(name, &kernel[i], &reference[i], &oracle[i], dtype, case.depth());
+            println!("parity tensor-core attention {case:?} {dtype:?} {name} kernel_err {:.3e} ref_err {:.3e} bound {:.3e} {} ({:.1} s)", c.kernel_err, c.reference_err, c.bound, if c.passed() { "ok" } else { "FAIL" }, start.elapsed().as_secs_f64());
+            ok &= c.passed();
+        }
     }
     ok
 }
@@ -455,8 +461,10 @@ fn main() {
         bench_attention(&device, false, false);
     }
     if mode == "parity-tensor-cores" {
-        let f16 = std::env::args().nth(2).is_some_and(|a| a == "f16");
-        ok = parity_tensor_cores(&device, if f16 { DType::F16 } else { DType::BF16 });
+        // Optional words: `f16` (bf16 otherwise), `forward` (no backward).
+        let words: Vec<String> = std::env::args().skip(2).collect();
+        let f16 = words.iter().any(|a| a == "f16");
+        ok = parity_tensor_cores(&device, if f16 { DType::F16 } else { DType::BF16 }, !words.iter().any(|a| a == "forward"));
     }
     if mode == "gemm-order" {
         ok = gemm::ordering_check(&device);

@@ -1,17 +1,21 @@
-//! The tensor-core backward (FlashAttention-2 recomputation), as two kernels that need no
-//! atomics:
-//! - dQ: planes own 16 packed query rows (as the forward); per key tile `S = Q·Kᵀ`,
-//!   `dP = dO·Vᵀ`, `dS = P ∘ (dP − D)`, `dQ += dS·K`.
-//! - dK/dV: planes own 16 keys; per query tile of every query head of the group,
-//!   `Sᵀ = K·Qᵀ`, `dPᵀ = V·dOᵀ`, `dV += Pᵀ·dO`, `dK += dSᵀ·Q`, so GQA gradients sum in registers.
+//! The tensor-core backward (FlashAttention-2 recomputation) in one kernel. Planes own 16 keys
+//! each; per query tile of every query head of the group:
+//! - `Sᵀ = K·Qᵀ`, `dPᵀ = V·dOᵀ`, `Pᵀ` and `dSᵀ = Pᵀ ∘ (dPᵀ − D)` in registers;
+//! - `dV += Pᵀ·dO`, `dK += dSᵀ·Q` in registers, so GQA gradients sum there;
+//! - `dS` goes to shared memory, and `dQ += dS·K` (the tile's queries against the cube's keys)
+//!   is added into an f32 accumulator in global memory with atomics.
 //!
-//! `P = exp(capped + bias − lse)` comes from the forward's log-sum-exp, in base 2: the kernels
-//! hold `lse · log2 e` per row, so that with neither softcap nor bias a probability is one
+//! Computing `S` and `dP` once for all three gradients is five products per tile where a
+//! separate dQ kernel (atomic-free) needs seven; the price is one `red.add` per dQ element per
+//! key block, which the L2 absorbs.
+//!
+//! `P = exp(capped + bias − lse)` comes from the forward's log-sum-exp, in base 2: the kernel
+//! holds `lse · log2 e` per row, so that with neither softcap nor bias a probability is one
 //! multiply-add (`s · scale · log2 e − lse · log2 e`) and one `ex2`. `D = Σ dO·O` per row.
 
-use super::super::{AttentionConfig, EMPTY_LSE, bias_at, capped_logit, logit_grad, packed_row};
+use super::super::{AttentionConfig, EMPTY_LSE, bias_at, capped_logit, logit_grad};
 use super::{
-    mma_shape, lane_column, LOG2_E, PLANE_ROWS, TILE, accumulate, fast_exp2, pair_visible, row_block, row_fragments, scores, stage_pair, stage_tile, store_rows, tile_elems, zeros,
+    mma_shape, lane_column, LOG2_E, PLANE_ROWS, TILE, accumulate, fast_exp2, pair_visible, product_shared, scores, stage_pair, stage_tile, store_rows, tile_elems, zeros,
 };
 use cubecl::cmma::MatrixIdent;
 use cubecl::prelude::barrier::Barrier;
@@ -31,53 +35,7 @@ fn probability_and_grad(s: f32, dp: f32, bias: f32, lse2: f32, delta: f32, scale
     (p, logit_grad(p, dp, delta, capped, softcap, config))
 }
 
-/// dQ kernel, per key tile: scores in `s_acc` and `dP` in `dp_acc` become `dS` in `s_acc`.
-/// Rows as in the forward (`rows[2x], rows[2x + 1]` the head and position of vector `x`).
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn query_tile_grads<F: Float, NC: Size>(
-    s_acc: &mut Array<Vector<f32, NC>>,
-    dp_acc: &Array<Vector<f32, NC>>,
-    bias: &Tensor<F>,
-    b: usize,
-    rows: &Array<usize>,
-    stats: &Array<f32>,
-    tile: usize,
-    end: usize,
-    q_len: usize,
-    kv_len: usize,
-    window: usize,
-    scale: f32,
-    softcap: f32,
-    #[comptime] config: AttentionConfig,
-    #[comptime] masked: bool,
-) {
-    let nc = NC::value();
-    let col0 = lane_column();
-    #[unroll]
-    for nt in 0..comptime!(TILE / 8) {
-        #[unroll]
-        for x in 0..2usize {
-            let mut reg = s_acc[comptime!(nt * 2 + x)];
-            let dp = dp_acc[comptime!(nt * 2 + x)];
-            let h = rows[comptime!(2 * x)];
-            let i = rows[comptime!(2 * x + 1)];
-            #[unroll]
-            for e in 0..nc {
-                let j = tile + comptime!(nt * 8 + e) + col0;
-                let mut value = 0.0f32;
-                if !masked || pair_visible(i, j, q_len, end, q_len, kv_len, window, config) {
-                    let (_p, ds) = probability_and_grad(reg[e], dp[e], bias_at(bias, b, h, i, j, config), stats[comptime!(2 * x)], stats[comptime!(2 * x + 1)], scale, softcap, config);
-                    value = ds;
-                }
-                reg[e] = value;
-            }
-            s_acc[comptime!(nt * 2 + x)] = reg;
-        }
-    }
-}
-
-/// dK/dV kernel, per query tile: `Sᵀ` in `st_acc` becomes `Pᵀ`, `dPᵀ` in `dpt_acc` becomes
+/// Per query tile: `Sᵀ` in `st_acc` becomes `Pᵀ`, `dPᵀ` in `dpt_acc` becomes
 /// `dSᵀ`. Rows are keys `j0, j1`; columns are query positions `tile + c` of head `h`, whose
 /// log-sum-exp (times `log2 e`) and `D` are at `stats[stats_at + c]` and
 /// `stats[stats_at + TILE + c]`.
@@ -132,114 +90,159 @@ fn key_tile_grads<F: Float, NC: Size>(
     }
 }
 
-/// dQ. Cube `(32, planes)`, grid as the forward's ([`super::row_block`]). K, V as in the forward.
-#[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)]
-pub(in super::super) fn mma_backward_q_kernel<F: Float>(
-    q: &Tensor<F>,
-    k: &Tensor<F>,
-    v: &Tensor<F>,
-    bias: &Tensor<F>,
-    d_out: &Tensor<F>,
-    lse: &Tensor<f32>,
-    delta: &Tensor<f32>,
-    dq: &mut Tensor<F>,
-    scale: f32,
-    softcap: f32,
-    window: usize,
-    #[comptime] config: AttentionConfig,
-    #[comptime] planes: usize,
-    #[define(F)] _dtype: StorageType,
-) {
-    let def = mma_shape::<F>();
-    let d = config.head_dim;
-    let streamed = comptime!(tile_elems(TILE, d));
-    let threads = comptime!(planes * 32);
-    let size!(NA) = def.vector_size(MatrixIdent::A);
-    let size!(NB) = def.vector_size(MatrixIdent::B);
-    let size!(NC) = def.vector_size(MatrixIdent::Accumulator);
-
-    let q_heads = q.shape(1);
-    let q_len = q.shape(2);
-    let kv_len = k.shape(2);
-    let block = row_block(q_heads, q_len, k.shape(1), kv_len, window, 1usize, kv_len, config, planes);
-    let b = block.b;
-    let end = block.end;
-
-    let g = (UNIT_POS_PLANE / 4) as usize;
-    let (valid0, h0, i0) = packed_row(block.plane_p0 + g, block.packed, block.head_base, q_len);
-    let (valid1, h1, i1) = packed_row(block.plane_p0 + g + 8, block.packed, block.head_base, q_len);
-    let mut rows = Array::<usize>::new(4usize);
-    rows[0] = h0;
-    rows[1] = i0;
-    rows[2] = h1;
-    rows[3] = i1;
-    // (lse · log2 e, D) of both rows; a missing row sees nothing (p = 0).
-    let mut stats = Array::<f32>::new(4usize);
-    stats[0] = f32::new(EMPTY_LSE);
-    stats[1] = 0.0;
-    stats[2] = f32::new(EMPTY_LSE);
-    stats[3] = 0.0;
-    if valid0 {
-        let (l, dl) = row_stats(lse, delta, (b * q_heads + h0) * q_len + i0);
-        stats[0] = l;
-        stats[1] = dl;
+/// Columns of dQ a plane accumulates at a time before adding them to global memory (at most 64:
+/// 32 f32 registers per lane, next to the 2 · `d / 4` of dK and dV).
+const fn dq_columns(d: usize) -> usize {
+    if d.is_multiple_of(64) {
+        64
+    } else if d.is_multiple_of(32) {
+        32
+    } else {
+        16
     }
-    if valid1 {
-        let (l, dl) = row_stats(lse, delta, (b * q_heads + h1) * q_len + i1);
-        stats[2] = l;
-        stats[3] = dl;
-    }
-
-    let q_frags = row_fragments::<F, NA>(q, b, block.head_base, block.plane_p0, block.packed, d);
-    let do_frags = row_fragments::<F, NA>(d_out, b, block.head_base, block.plane_p0, block.packed, d);
-    let mut dq_acc = zeros::<NC>(comptime!(d / 8));
-    let mut s_acc = zeros::<NC>(comptime!(TILE / 8));
-    let mut dp_acc = zeros::<NC>(comptime!(TILE / 8));
-
-    let mut smem = SharedMemory::<F>::new_aligned(comptime!(4 * streamed), 16usize);
-    let barrier = Barrier::shared(CUBE_DIM, UNIT_POS == 0);
-    let k_base = b * k.stride(0) + block.kvh * k.stride(1);
-    let v_base = b * v.stride(0) + block.kvh * v.stride(1);
-    let (k_stride, v_stride) = (k.stride(2), v.stride(2));
-    if block.start < end {
-        stage_pair(k, v, &mut smem, 0usize, k_base, v_base, k_stride, v_stride, block.start, end, d, threads);
-    }
-    barrier.commit_copy_async();
-    barrier.arrive_and_wait();
-
-    let mut tile = block.start;
-    let mut buffer = 0usize;
-    while tile < end {
-        let next = tile + TILE;
-        if next < end {
-            stage_pair(k, v, &mut smem, (1 - buffer) * comptime!(2 * streamed), k_base, v_base, k_stride, v_stride, next, end, d, threads);
-        }
-        let k_tile = buffer * comptime!(2 * streamed);
-        scores::<F, NA, NB, NC>(&q_frags, &smem, 0usize, k_tile, &mut s_acc, d, false);
-        scores::<F, NA, NB, NC>(&do_frags, &smem, 0usize, k_tile + streamed, &mut dp_acc, d, false);
-        if tile < block.free_lo || next > block.free_hi {
-            query_tile_grads::<F, NC>(&mut s_acc, &dp_acc, bias, b, &rows, &stats, tile, end, q_len, kv_len, window, scale, softcap, config, true);
-        } else {
-            query_tile_grads::<F, NC>(&mut s_acc, &dp_acc, bias, b, &rows, &stats, tile, end, q_len, kv_len, window, scale, softcap, config, false);
-        }
-        accumulate::<F, NA, NB, NC>(&s_acc, &smem, k_tile, &mut dq_acc, d);
-        barrier.commit_copy_async();
-        barrier.arrive_and_wait();
-        tile = next;
-        buffer = 1 - buffer;
-    }
-
-    let row0 = (b * q_heads + h0) * q_len + i0;
-    let row1 = (b * q_heads + h1) * q_len + i1;
-    store_rows::<F, NC>(dq, &dq_acc, row0, row1, valid0, valid1, scale, scale, d);
 }
 
-/// dK and dV. Cube `(32, planes)`; grid: x = blocks of `planes × 16` keys, y = kv head,
-/// z = batch. Q, K, V and dO need the forward's K/V layout (16-byte copyable rows).
+/// Write this plane's `dSᵀ` (its keys × the tile's queries, in accumulator layout) transposed
+/// into the `TILE × keys` block at `ds_at` (query rows `keys + PAD` apart), where every plane's
+/// dQ product reads it as an A operand.
+#[cube]
+fn store_transposed<F: Float, NC: Size>(ds_acc: &Array<Vector<f32, NC>>, smem: &mut SharedMemory<F>, ds_at: usize, #[comptime] keys: usize) {
+    let nc = NC::value();
+    let row = comptime!(tile_elems(1, keys));
+    let key = UNIT_POS_Y as usize * PLANE_ROWS + (UNIT_POS_PLANE / 4) as usize;
+    let at = ds_at + lane_column() * row + key;
+    #[unroll]
+    for nt in 0..comptime!(TILE / 8) {
+        #[unroll]
+        for x in 0..2usize {
+            let values = ds_acc[comptime!(nt * 2 + x)];
+            #[unroll]
+            for e in 0..nc {
+                smem[at + comptime!((nt * 8 + e) * row + x * 8)] = F::cast_from(values[e]);
+            }
+        }
+    }
+}
+
+/// `dQ += scale · dS·K` for the tile's queries `[tile, tile + TILE)` of the head whose rows start
+/// at row `row_base` of `dq` (f32, contiguous, `d` wide), against the cube's keys. The work is
+/// cut into (16-query row tile, `dq_columns(d)` columns) items that the planes take in turn; each
+/// item's product is added to `dq` with atomics (other key blocks add into the same rows).
+/// Queries at or past `last` are skipped.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn add_query_grads<F: Float, NA: Size, NB: Size, NC: Size, NQ: Size>(
+    smem: &SharedMemory<F>,
+    ds_at: usize,
+    dq: &Tensor<Atomic<Vector<f32, NQ>>>,
+    row_base: usize,
+    tile: usize,
+    last: usize,
+    scale: f32,
+    #[comptime] planes: usize,
+    #[comptime] d: usize,
+) {
+    let keys = comptime!(planes * PLANE_ROWS);
+    let width = comptime!(dq_columns(d));
+    let chunks = comptime!(d / width);
+    let g = (UNIT_POS_PLANE / 4) as usize;
+    let mut acc = zeros::<NC>(comptime!(width / 8));
+    let mut item = UNIT_POS_Y as usize;
+    while item < comptime!(TILE / PLANE_ROWS * chunks) {
+        let rt = item / chunks;
+        let c0 = (item % chunks) * width;
+        let a_at = ds_at + rt * comptime!(PLANE_ROWS * tile_elems(1, keys));
+        product_shared::<F, NA, NB, NC>(smem, a_at, c0, &mut acc, keys, planes, width, d);
+        let i0 = tile + rt * PLANE_ROWS + g;
+        add_tiles::<NC, NQ>(&acc, dq, (row_base + i0) * d + c0, i0 < last, i0 + 8 < last, scale, width, d);
+        item += planes;
+    }
+}
+
+/// Add `scale ×` this lane's `width / 8` accumulator tiles into `dq` at element `at` (row `g`
+/// of the tiles; row `g + 8` lies `8 · d` further), rows whose flag is false skipped. With
+/// 4-wide vector atomics (sm_90) lanes `t` and `t ^ 1` swap half their values first, so that
+/// the even lane holds four consecutive columns of row `g` and the odd lane of row `g + 8`: one
+/// 16-byte `red.add` where four scalar ones would go.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn add_tiles<NC: Size, NQ: Size>(
+    acc: &Array<Vector<f32, NC>>,
+    dq: &Tensor<Atomic<Vector<f32, NQ>>>,
+    at: usize,
+    ok0: bool,
+    ok1: bool,
+    scale: f32,
+    #[comptime] width: usize,
+    #[comptime] d: usize,
+) {
+    let nc = NC::value();
+    let nq = NQ::value();
+    let col0 = lane_column();
+    if comptime!(nq == 4) {
+        let odd = UNIT_POS_PLANE % 2 == 1;
+        // Even lane: row g, columns [2t, 2t + 4); odd lane: row g + 8, columns [2t − 2, 2t + 2).
+        let mut row_at = at + col0;
+        let mut ok = ok0;
+        if odd {
+            row_at = at + comptime!(8 * d) + col0 - 2;
+            ok = ok1;
+        }
+        #[unroll]
+        for dt in 0..comptime!(width / 8) {
+            let upper = acc[comptime!(dt * 2)];
+            let lower = acc[comptime!(dt * 2 + 1)];
+            let mut mine = upper;
+            let mut theirs = lower;
+            if odd {
+                mine = lower;
+                theirs = upper;
+            }
+            let got0 = plane_shuffle_xor(theirs[0], 1u32);
+            let got1 = plane_shuffle_xor(theirs[1], 1u32);
+            let mut value = Vector::<f32, NQ>::empty();
+            if odd {
+                value[0] = got0 * scale;
+                value[1] = got1 * scale;
+                value[2] = mine[0] * scale;
+                value[3] = mine[1] * scale;
+            } else {
+                value[0] = mine[0] * scale;
+                value[1] = mine[1] * scale;
+                value[2] = got0 * scale;
+                value[3] = got1 * scale;
+            }
+            if ok {
+                dq[(row_at + comptime!(dt * 8)) / 4].fetch_add(value);
+            }
+        }
+    } else {
+        #[unroll]
+        for dt in 0..comptime!(width / 8) {
+            #[unroll]
+            for e in 0..nc {
+                let col = comptime!(dt * 8 + e) + col0;
+                let mut value = Vector::<f32, NQ>::empty();
+                if ok0 {
+                    value[0] = acc[comptime!(dt * 2)][e] * scale;
+                    dq[at + col].fetch_add(value);
+                }
+                if ok1 {
+                    value[0] = acc[comptime!(dt * 2 + 1)][e] * scale;
+                    dq[at + comptime!(8 * d) + col].fetch_add(value);
+                }
+            }
+        }
+    }
+}
+
+/// dQ, dK and dV. Cube `(32, planes)`; grid: x = blocks of `planes × 16` keys, y = kv head,
+/// z = batch. Q, K, V and dO need the forward's K/V layout (16-byte copyable rows); `dq` is a
+/// zeroed f32 accumulator shaped like `q`, contiguous, bound with `NQ`-wide vectors: 4 where the
+/// device adds 4-wide f32 vectors atomically, else 1.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-pub(in super::super) fn mma_backward_kv_kernel<F: Float>(
+pub(in super::super) fn mma_backward_kernel<F: Float, NQ: Size>(
     q: &Tensor<F>,
     k: &Tensor<F>,
     v: &Tensor<F>,
@@ -247,6 +250,7 @@ pub(in super::super) fn mma_backward_kv_kernel<F: Float>(
     d_out: &Tensor<F>,
     lse: &Tensor<f32>,
     delta: &Tensor<f32>,
+    dq: &Tensor<Atomic<Vector<f32, NQ>>>,
     dk: &mut Tensor<F>,
     dv: &mut Tensor<F>,
     scale: f32,
@@ -310,9 +314,10 @@ pub(in super::super) fn mma_backward_kv_kernel<F: Float>(
     let tiles = (cubecl::prelude::max(last, first) - first + comptime!(TILE - 1)) / TILE;
     let steps = group * tiles;
 
-    // K and V of the block's keys, then two buffers of (Q tile, dO tile); f32 stats: two buffers
-    // of (lse, D) for the tile's queries.
-    let mut smem = SharedMemory::<F>::new_aligned(comptime!(2 * key_elems + 4 * streamed), 16usize);
+    // K and V of the block's keys, then two buffers of (Q tile, dO tile), then the tile's dS;
+    // f32 stats: two buffers of (lse, D) for the tile's queries.
+    let ds_at = comptime!(2 * key_elems + 4 * streamed);
+    let mut smem = SharedMemory::<F>::new_aligned(comptime!(ds_at + tile_elems(TILE, keys)), 16usize);
     let mut stats = SharedMemory::<f32>::new(comptime!(4 * TILE));
     let barrier = Barrier::shared(CUBE_DIM, UNIT_POS == 0);
     let kv_base = b * k.stride(0) + kvh * k.stride(1);
@@ -373,8 +378,13 @@ pub(in super::super) fn mma_backward_kv_kernel<F: Float>(
         } else {
             key_tile_grads::<F, NC>(&mut st_acc, &mut dpt_acc, bias, &stats, stats_at, b, h, j0, j1, tile, last, q_len, kv_len, window, scale, softcap, config, false);
         }
+        store_transposed::<F, NC>(&dpt_acc, &mut smem, ds_at, keys);
         accumulate::<F, NA, NB, NC>(&st_acc, &smem, q_tile + streamed, &mut dv_acc, d);
         accumulate::<F, NA, NB, NC>(&dpt_acc, &smem, q_tile, &mut dk_acc, d);
+        // Every plane's dS is in place; the barrier that ends the step keeps the next step's
+        // from overwriting it while a plane still reads it.
+        sync_cube();
+        add_query_grads::<F, NA, NB, NC, NQ>(&smem, ds_at, dq, (b * q_heads + h) * q_len, tile, last, scale, planes, d);
         if step + 1 < steps {
             let t = UNIT_POS as usize;
             if t < TILE {

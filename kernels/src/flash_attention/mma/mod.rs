@@ -1,6 +1,6 @@
 //! Flash attention on tensor cores (CUDA `mma.sync` m16n8k16, f16/bf16 in, f32 accumulate),
-//! FlashAttention-2 style: the forward ([`forward`]) and the backward's dQ and dK/dV kernels
-//! ([`backward`]) share the fragment plumbing of this module.
+//! FlashAttention-2 style: the forward ([`forward`]) and the backward ([`backward`]) share the
+//! fragment plumbing of this module.
 //!
 //! Register layout of `mma.sync.m16n8k16` on CUDA, lane `= 4g + t`:
 //! - accumulator (16×8 f32): vector `v` of the lane holds row `g + 8v`, columns `2t, 2t + 1`;
@@ -36,13 +36,15 @@ const PAD: usize = 8;
 /// Elements per 16-byte copy.
 const CHUNK: usize = 8;
 
-/// Shared memory the largest of the kernels (forward, dQ, dK/dV) needs per cube, in bytes, for
-/// heads of `head_dim`, `elem_size`-byte elements and `planes` planes.
+/// Shared memory the larger of the kernels (the backward's: K and V of its keys, two buffers of
+/// Q and dO tiles, the `TILE × keys` block of dS, statistics) needs per cube, in bytes, for heads
+/// of `head_dim`, `elem_size`-byte elements and `planes` planes.
 pub(super) fn shared_bytes(head_dim: usize, elem_size: usize, planes: usize) -> usize {
     let streamed = 4 * tile_elems(TILE, head_dim);
     let keys = 2 * tile_elems(planes * PLANE_ROWS, head_dim);
+    let ds = tile_elems(TILE, planes * PLANE_ROWS);
     let barrier_and_stats = 64 + 4 * 4 * TILE;
-    elem_size * (streamed + keys) + barrier_and_stats
+    elem_size * (streamed + keys + ds) + barrier_and_stats
 }
 
 /// Elements of one padded `rows × head_dim` tile.
@@ -415,6 +417,42 @@ pub(super) fn accumulate<F: Float, NA: Size, NB: Size, NC: Size>(
         #[unroll]
         for pair in 0..comptime!(d / 16) {
             let at = b_tile + comptime!(ps * 16 * (d + PAD) + pair * 16) + b_ld;
+            mma_pair::<F, NA, NB, NC>(&a, smem, at, out, pair, true);
+        }
+    }
+}
+
+/// `out = A · Tile` for one plane, both operands in shared memory: A is the 16 rows ×
+/// `16 · k_steps` row-major block at `a_at` (rows `a_width + PAD` apart), the tile the
+/// `16 · k_steps` rows × `width` columns at `b_tile` (rows `d + PAD` apart); `out` gets
+/// `width / 8` accumulator tiles.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn product_shared<F: Float, NA: Size, NB: Size, NC: Size>(
+    smem: &SharedMemory<F>,
+    a_at: usize,
+    b_tile: usize,
+    out: &mut Array<Vector<f32, NC>>,
+    #[comptime] a_width: usize,
+    #[comptime] k_steps: usize,
+    #[comptime] width: usize,
+    #[comptime] d: usize,
+) {
+    let def = mma_shape::<F>();
+    let a_ld = ld_halves_by_columns(a_width);
+    let b_ld = ld_halves_by_columns(d);
+    let mut a = Array::<Vector<F, NA>>::new(4usize);
+    #[unroll]
+    for x in 0..comptime!(width / 4) {
+        out[x] = Vector::new(0.0);
+    }
+    #[unroll]
+    for ks in 0..k_steps {
+        let at = a_at + comptime!(ks * 16) + a_ld;
+        def.load_matrix_inplace::<F, NA>(&smem.slice(at, at + CHUNK), &mut a, MatrixIdent::A, 4usize, false);
+        #[unroll]
+        for pair in 0..comptime!(width / 16) {
+            let at = b_tile + comptime!(ks * 16 * (d + PAD) + pair * 16) + b_ld;
             mma_pair::<F, NA, NB, NC>(&a, smem, at, out, pair, true);
         }
     }
