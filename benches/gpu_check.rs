@@ -257,6 +257,50 @@ fn parity_tensor_cores(device: &CudaDevice, dtype: DType, backward: bool) -> boo
     ok
 }
 
+/// Quick backward probe without Burn's same-dtype reference (whose kernels take most of
+/// `parity-tensor-cores`' time to compile): bf16 kernel gradients against the f64 oracle for
+/// each head size, two shapes (one with a causal offset and fewer keys than a backward block),
+/// under each setting in `KILN_PROBE_SETTINGS` (`VAR=VALUE,VAR=VALUE;...`, default: one run as
+/// is). Prints the largest error of each gradient relative to the oracle's largest magnitude,
+/// and dQ's first columns of the first row that sees a key.
+fn attention_probe(device: &CudaDevice) {
+    use kiln::ops::flash_attention::reference;
+    type O = burn::backend::NdArray<f64>;
+    let settings = std::env::var("KILN_PROBE_SETTINGS").unwrap_or_default();
+    for head_dim in [64, 80, 96, 128] {
+        for (q_len, kv_len, causal) in [(130, 130, false), (100, 37, true)] {
+            let options = AttentionOptions { causal, ..Default::default() };
+            let (qs, ks) = ([1, 4, q_len, head_dim], [1, 2, kv_len, head_dim]);
+            let inputs = [common::random(&qs, 1), common::random(&ks, 2), common::random(&ks, 3), common::random(&qs, 5)];
+            let oracle: Vec<Vec<f64>> = {
+                let [q, k, v, d_out] = inputs.clone().map(|d| common::tensor::<O, 4>(&d, DType::F64, &Default::default()).into_primitive().tensor());
+                let fwd = reference::forward::<O>(q.clone(), k.clone(), v.clone(), None, options);
+                let (dq, dk, dv) = reference::backward::<O>(q, k, v, None, fwd.output, fwd.lse, d_out, options);
+                [dq, dk, dv].map(|t| common::values(Tensor::<O, 4>::from_primitive(burn::tensor::TensorPrimitive::Float(t)))).into()
+            };
+            let row = if causal { q_len.saturating_sub(kv_len) * head_dim } else { 0 };
+            for setting in settings.split(';') {
+                let vars: Vec<(&str, &str)> = setting.split(',').filter_map(|kv| kv.split_once('=')).collect();
+                // SAFETY: single-threaded here; the plan reads them at the next call.
+                vars.iter().for_each(|(k, v)| unsafe { std::env::set_var(k, v) });
+                let [q, k, v, d_out] = inputs.clone().map(|d| common::tensor::<B, 4>(&d, DType::BF16, device).into_primitive().tensor());
+                let fwd = B::flash_attention_forward(q.clone(), k.clone(), v.clone(), None, options);
+                let (dq, dk, dv) = B::flash_attention_backward(q, k, v, None, fwd.output, fwd.lse, d_out, options);
+                let got: Vec<Vec<f64>> = [dq, dk, dv].map(|t| common::values(Tensor::<B, 4>::from_primitive(burn::tensor::TensorPrimitive::Float(t)))).into();
+                let errors: Vec<String> = got.iter().zip(&oracle).zip(["dq", "dk", "dv"]).map(|((g, o), name)| {
+                    let scale = o.iter().fold(0f64, |m, x| m.max(x.abs()));
+                    let err = g.iter().zip(o).fold(0f64, |m, (a, b)| if a.is_finite() { m.max((a - b).abs()) } else { f64::INFINITY });
+                    format!("{name} {:.2e}", err / scale)
+                }).collect();
+                let sample = |v: &[f64]| [0, 1, 2, 3, 16, 17, 64, 65].iter().map(|c| format!("{:+.3}", v[row + c])).collect::<Vec<_>>().join(" ");
+                println!("probe attention backward hd{head_dim} {q_len}x{kv_len} causal={causal} [{setting}]: {}", errors.join("  "));
+                println!("probe   dq row {}: kernel {}  oracle {}", row / head_dim, sample(&got[0]), sample(&oracle[0]));
+                vars.iter().for_each(|(k, _)| unsafe { std::env::remove_var(k) });
+            }
+        }
+    }
+}
+
 /// Wait for CubeCL's stream and kiln's cuBLASLt stream (which only the unordered negative
 /// control leaves running past CubeCL's).
 fn sync_all(device: &CudaDevice) {
@@ -497,6 +541,9 @@ fn main() {
     }
     if mode == "gemm-strategies" {
         gemm::bench_strategies(&device);
+    }
+    if mode == "attention-probe" {
+        attention_probe(&device);
     }
     if mode == "attention-decode" {
         bench_decode(&device);

@@ -972,10 +972,12 @@ pub struct BackwardArgs<R: Runtime> {
 }
 
 /// Width of the f32 vectors the tensor-core backward adds into dQ atomically: 4 where the
-/// runtime offers 4-wide f32 atomic adds (CUDA sm_90), else 1.
+/// runtime offers 4-wide f32 atomic adds (CUDA sm_90), else 1 (`KILN_ATTENTION_DQ_VECTOR=1`
+/// forces scalar adds, for measurements).
 fn dq_vector_size<R: Runtime>(client: &ComputeClient<R>) -> usize {
     let f32_atomic = Type::new(StorageType::Atomic(ElemType::Float(FloatKind::F32)));
-    if client.properties().atomic_type_usage(f32_atomic.with_vector_size(4)).contains(AtomicUsage::Add) { 4 } else { 1 }
+    let wide = client.properties().atomic_type_usage(f32_atomic.with_vector_size(4)).contains(AtomicUsage::Add);
+    if wide && measurement_override("KILN_ATTENTION_DQ_VECTOR", 1..=1).is_none() { 4 } else { 1 }
 }
 
 /// Launch the backward: dQ into `dq`, dK and dV into `dk`, `dv`. With `plan.tensor_cores` one
@@ -1025,6 +1027,7 @@ pub fn launch_backward<R: Runtime>(
                 features.window.unwrap_or(0),
                 config,
                 plan.backward_planes,
+                mma::backward::dq_columns(shape.head_dim),
                 dtype,
             );
         }

@@ -137,8 +137,13 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashAtten
         let dtype = storage(&q);
         let delta = row_dot::<R, F, I, BT>(d_output.clone(), output, [shape.batch, shape.q_heads, shape.q_len]);
         // The tensor-core backward adds dQ into a zeroed f32 accumulator (cast afterwards); the
-        // portable one writes it in the input dtype.
-        let dq = if plan.tensor_cores { Self::float_zeros(q.shape(), &q.device, FloatDType::F32) } else { empty_like_device(&q, q.shape(), q.dtype) };
+        // portable one writes it in the input dtype. The accumulator is rank 1: the kernel
+        // indexes it densely, and CUDA may pad the rows of a fresh rank-4 tensor.
+        let dq = if plan.tensor_cores {
+            Self::float_zeros(Shape::new([q.shape().num_elements()]), &q.device, FloatDType::F32)
+        } else {
+            empty_like_device(&q, q.shape(), q.dtype)
+        };
         let dk = empty_like_device(&k, k.shape(), k.dtype);
         let dv = empty_like_device(&v, v.shape(), v.dtype);
         let bias = bias.unwrap_or_else(|| absent_bias(&q));
@@ -165,7 +170,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashAtten
             dk.clone().into_tensor_arg(),
             dv.clone().into_tensor_arg(),
         );
-        let dq = if plan.tensor_cores { Self::float_cast(dq, FloatDType::from(q.dtype)) } else { dq };
+        let dq = if plan.tensor_cores { Self::float_reshape(Self::float_cast(dq, FloatDType::from(q.dtype)), q.shape()) } else { dq };
         (dq, dk, dv)
     }
 }

@@ -90,16 +90,12 @@ fn key_tile_grads<F: Float, NC: Size>(
     }
 }
 
-/// Columns of dQ a plane accumulates at a time before adding them to global memory (at most 64:
-/// 32 f32 registers per lane, next to the 2 · `d / 4` of dK and dV).
-const fn dq_columns(d: usize) -> usize {
-    if d.is_multiple_of(64) {
-        64
-    } else if d.is_multiple_of(32) {
-        32
-    } else {
-        16
-    }
+/// Columns of dQ a plane accumulates at a time before adding them to global memory: at most 64
+/// (32 f32 registers per lane, next to the 2 · `d / 4` of dK and dV), and a multiple of 16 that
+/// divides `d`. `KILN_ATTENTION_DQ_COLUMNS=n` picks another such width, for measurements.
+pub(in super::super) fn dq_columns(d: usize) -> usize {
+    let valid = |n: &usize| n.is_multiple_of(16) && d.is_multiple_of(*n);
+    crate::measurement_override("KILN_ATTENTION_DQ_COLUMNS", 16..=d).filter(valid).unwrap_or_else(|| [64, 32, 16].into_iter().find(valid).unwrap_or(16))
 }
 
 /// Write this plane's `dSᵀ` (its keys × the tile's queries, in accumulator layout) transposed
@@ -126,7 +122,7 @@ fn store_transposed<F: Float, NC: Size>(ds_acc: &Array<Vector<f32, NC>>, smem: &
 
 /// `dQ += scale · dS·K` for the tile's queries `[tile, tile + TILE)` of the head whose rows start
 /// at row `row_base` of `dq` (f32, contiguous, `d` wide), against the cube's keys. The work is
-/// cut into (16-query row tile, `dq_columns(d)` columns) items that the planes take in turn; each
+/// cut into (16-query row tile, `width` columns) items that the planes take in turn; each
 /// item's product is added to `dq` with atomics (other key blocks add into the same rows).
 /// Queries at or past `last` are skipped.
 #[cube]
@@ -140,10 +136,10 @@ fn add_query_grads<F: Float, NA: Size, NB: Size, NC: Size, NQ: Size>(
     last: usize,
     scale: f32,
     #[comptime] planes: usize,
+    #[comptime] width: usize,
     #[comptime] d: usize,
 ) {
     let keys = comptime!(planes * PLANE_ROWS);
-    let width = comptime!(dq_columns(d));
     let chunks = comptime!(d / width);
     let g = (UNIT_POS_PLANE / 4) as usize;
     let mut acc = zeros::<NC>(comptime!(width / 8));
@@ -258,6 +254,7 @@ pub(in super::super) fn mma_backward_kernel<F: Float, NQ: Size>(
     window: usize,
     #[comptime] config: AttentionConfig,
     #[comptime] planes: usize,
+    #[comptime] dq_width: usize,
     #[define(F)] _dtype: StorageType,
 ) {
     let def = mma_shape::<F>();
@@ -384,7 +381,7 @@ pub(in super::super) fn mma_backward_kernel<F: Float, NQ: Size>(
         // Every plane's dS is in place; the barrier that ends the step keeps the next step's
         // from overwriting it while a plane still reads it.
         sync_cube();
-        add_query_grads::<F, NA, NB, NC, NQ>(&smem, ds_at, dq, (b * q_heads + h) * q_len, tile, last, scale, planes, d);
+        add_query_grads::<F, NA, NB, NC, NQ>(&smem, ds_at, dq, (b * q_heads + h) * q_len, tile, last, scale, planes, dq_width, d);
         if step + 1 < steps {
             let t = UNIT_POS as usize;
             if t < TILE {
