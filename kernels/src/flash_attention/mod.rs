@@ -22,7 +22,7 @@
 
 mod mma;
 
-use crate::row::{RowLayout, plane_size_for_reduction, row_max, row_sum};
+use crate::row::{RowLayout, lane_sum, plane_size_for_reduction, row_index, row_max, row_sum, vector_size_for};
 use cubecl::ir::{ElemType, FloatKind, features::{AtomicUsage, MmaConfig}};
 use cubecl::prelude::*;
 
@@ -449,6 +449,36 @@ fn combine_kernel<O: Float>(
         }
         sync_cube();
         c0 += cols;
+    }
+}
+
+/// `delta[row] = Σ d_out[row, :] · out[row, :]` in f32 over dense `[rows, width]` tensors: the
+/// backward's `D`, one read of each input (Burn ops took two casts, a product and a sum, five
+/// passes over f32 copies).
+#[cube(launch_unchecked)]
+fn row_dot_kernel<F: Float, N: Size>(
+    d_out: &Array<Vector<F, N>>,
+    out: &Array<Vector<F, N>>,
+    delta: &mut Array<f32>,
+    rows: usize,
+    width: usize,
+    #[comptime] layout: RowLayout,
+    #[define(F)] _dtype: StorageType,
+) {
+    let row = row_index(layout);
+    let width_vectors = width / N::value();
+    let base = row * width_vectors;
+    let mut sum = Vector::<f32, N>::new(0.0);
+    #[unroll]
+    for i in 0..layout.vectors_per_unit {
+        let col = i * layout.units_per_row + UNIT_POS_X as usize;
+        if row < rows && col < width_vectors {
+            sum += Vector::cast_from(d_out[base + col]) * Vector::cast_from(out[base + col]);
+        }
+    }
+    let total = row_sum(lane_sum(sum), layout);
+    if row < rows && UNIT_POS_X == 0 {
+        delta[row] = total;
     }
 }
 
@@ -955,6 +985,31 @@ pub fn launch_combine<R: Runtime>(
     unsafe {
         combine_kernel::launch_unchecked::<R>(client, count, dim, partial_out, partial_lse, out, lse, splits, rows, head_dim, cols, groups, dtype)
     }
+}
+
+/// Launch `delta = Σ d_out · out` per row of the dense `[rows, width]` `d_out` and `out` (of
+/// `dtype`) into the f32 `delta` (`rows`), all bound as arrays. Rows up to 32 vectors per unit
+/// wide (far past any head size) fit; wider ones are refused.
+pub fn launch_row_dot<R: Runtime>(
+    client: &ComputeClient<R>,
+    dtype: StorageType,
+    rows: usize,
+    width: usize,
+    d_out: ArrayArg<R>,
+    out: ArrayArg<R>,
+    delta: ArrayArg<R>,
+) -> Result<(), crate::row::RowTooWide> {
+    if rows == 0 {
+        return Ok(());
+    }
+    let vector_size = vector_size_for(client, width, dtype.size(), 16);
+    let layout = RowLayout::new(client, width / vector_size, vector_size, 4)?;
+    // SAFETY: `d_out` and `out` hold `rows × width` elements, `delta` `rows`; `vector_size`
+    // divides `width`, and the kernel checks rows and columns against those sizes.
+    unsafe {
+        row_dot_kernel::launch_unchecked::<R>(client, layout.cube_count(client, rows), layout.cube_dim(), vector_size, d_out, out, delta, rows, width, layout, dtype)
+    };
+    Ok(())
 }
 
 /// Tensors of the backward: the forward's inputs, its output gradient `d_out`, its `lse` and

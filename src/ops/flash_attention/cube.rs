@@ -5,11 +5,11 @@ use burn::tensor::{DType, FloatDType, Shape, TensorMetadata, ops::FloatTensor, o
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement, tensor::CubeTensor};
 use kiln_kernels::flash_attention::{
     AttentionFeatures, AttentionPlan, AttentionShape, BackwardArgs, ForwardArgs, launch_backward, launch_combine,
-    launch_forward,
+    launch_forward, launch_row_dot,
 };
 
 use super::{AttentionOptions, AttentionOutput, FlashAttentionBackend, reference};
-use crate::backend::cube::{empty_like_device, storage};
+use crate::backend::cube::{dense, empty_like_device, storage};
 
 fn problem<R: CubeRuntime>(q: &CubeTensor<R>, k: &CubeTensor<R>) -> AttentionShape {
     let (qs, ks) = (q.shape(), k.shape());
@@ -135,7 +135,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashAtten
         plan.tensor_cores &= [&q, &k, &v, &d_output].into_iter().all(rows_copyable);
         let client = q.client.clone();
         let dtype = storage(&q);
-        let delta = row_dot::<R, F, I, BT>(d_output.clone(), output, [shape.batch, shape.q_heads, shape.q_len]);
+        let delta = row_dot(d_output.clone(), output, [shape.batch, shape.q_heads, shape.q_len]);
         // The tensor-core backward adds dQ into a zeroed f32 accumulator (cast afterwards); the
         // portable one writes it in the input dtype. The accumulator is rank 1: the kernel
         // indexes it densely, and CUDA may pad the rows of a fresh rank-4 tensor.
@@ -176,16 +176,12 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashAtten
 }
 
 /// `Σ_d a · b` per row of two `[.., d]` tensors, in f32, shaped `stats`.
-fn row_dot<R, F, I, BT>(a: CubeTensor<R>, b: CubeTensor<R>, stats: [usize; 3]) -> CubeTensor<R>
-where
-    R: CubeRuntime,
-    F: FloatElement,
-    I: IntElement,
-    BT: BoolElement,
-{
-    type B<R, F, I, BT> = CubeBackend<R, F, I, BT>;
-    let a = B::<R, F, I, BT>::float_cast(a, FloatDType::F32);
-    let b = B::<R, F, I, BT>::float_cast(b, FloatDType::F32);
-    let product = B::<R, F, I, BT>::float_mul(a, b);
-    B::<R, F, I, BT>::float_reshape(B::<R, F, I, BT>::float_sum_dim(product, 3), Shape::new(stats))
+fn row_dot<R: CubeRuntime>(a: CubeTensor<R>, b: CubeTensor<R>, stats: [usize; 3]) -> CubeTensor<R> {
+    let (a, b) = (dense(a), dense(b));
+    let width = a.shape()[3];
+    let rows = stats.iter().product();
+    let delta = empty_like_device(&a, stats, DType::F32);
+    launch_row_dot(&a.client, storage(&a), rows, width, a.clone().into_array_arg(), b.into_array_arg(), delta.clone().into_array_arg())
+        .unwrap_or_else(|e| panic!("kiln::flash_attention backward: head_dim {} is wider than the row kernel's {}", e.width, e.max));
+    delta
 }
