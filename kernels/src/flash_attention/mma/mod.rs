@@ -29,7 +29,7 @@ use cubecl::prelude::*;
 
 /// Rows one plane owns (the MMA's m).
 pub(super) const PLANE_ROWS: usize = 16;
-/// Rows (keys, or queries in the dK/dV kernel) per streamed shared-memory tile.
+/// Rows (keys, or queries in the backward) per streamed shared-memory tile.
 pub(super) const TILE: usize = 64;
 /// Padding of shared-memory rows, in elements (16 bytes).
 const PAD: usize = 8;
@@ -499,7 +499,7 @@ pub(super) fn unmasked_keys(i_lo: usize, i_hi: usize, q_len: usize, kv_len: usiz
     (lo, hi)
 }
 
-/// The forward's and dQ kernel's cube: `planes × 16` packed query rows of one kv head, and the
+/// The forward's cube: `planes × 16` packed query rows of one kv head, and the
 /// keys of one KV split.
 #[derive(CubeType)]
 pub(super) struct RowBlock {
