@@ -99,6 +99,33 @@ fn flash_attention_rejects_a_bias_that_does_not_broadcast() {
     assert!(msg.contains("kiln::flash_attention") && msg.contains("[1, 2, 4, 5]") && msg.contains("[1, 2, 4, 4]"), "{msg}");
 }
 
+/// The backward's `D = Σ dO·O` row kernel on raw wgpu buffers against a host f64 sum: ragged row
+/// counts and widths (one that takes 4-wide vectors, one that takes none), the output poisoned
+/// with NaN so a row the kernel skips fails.
+#[test]
+fn row_dot_kernel_matches_host_sums() {
+    use cubecl::prelude::*;
+    use kiln_kernels::flash_attention::launch_row_dot;
+    let Some(device) = common::wgpu_device() else { return };
+    let client = cubecl::wgpu::WgpuRuntime::client(&device);
+    let f32_type = f32::as_type_native_unchecked().storage_type();
+    for (rows, width) in [(37usize, 80usize), (5, 33), (1000, 128)] {
+        let values = |seed: u64| -> Vec<f32> { common::random(&[rows * width], seed).convert::<f32>().to_vec().unwrap() };
+        let (a, b) = (values(1), values(2));
+        let upload = |v: &[f32]| client.create_from_slice(f32::as_bytes(v));
+        let (a_h, b_h, out_h) = (upload(&a), upload(&b), upload(&vec![f32::NAN; rows]));
+        // SAFETY: each length is the element count of the buffer uploaded for it.
+        let arg = |h: &cubecl::server::Handle, len: usize| unsafe { ArrayArg::from_raw_parts(h.clone(), len) };
+        launch_row_dot(&client, f32_type, rows, width, arg(&a_h, a.len()), arg(&b_h, b.len()), arg(&out_h, rows)).unwrap();
+        let got = f32::from_bytes(&client.read_one(out_h).expect("read back")).to_vec();
+        for (r, value) in got.iter().enumerate() {
+            let want: f64 = (0..width).map(|c| a[r * width + c] as f64 * b[r * width + c] as f64).sum();
+            let tol = 1e-5 * (width as f64).sqrt() * (1.0 + want.abs());
+            assert!((*value as f64 - want).abs() <= tol, "rows {rows} width {width}: delta[{r}] = {value} vs {want}");
+        }
+    }
+}
+
 /// The tensor-core kernels (CUDA `mma.sync`/`cp.async`) cannot run on lavapipe, but CubeCL
 /// expands them on any runtime before compiling. Forcing them onto wgpu runs that expansion for
 /// every variant — planes per cube, head sizes, masks, bias, softcap, forward and backward — so a
