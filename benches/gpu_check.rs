@@ -196,6 +196,26 @@ fn bench(device: &CudaDevice) {
     }), 3.0 * nq * bf, copy_rate);
 }
 
+/// Attention on `BK`'s primitives from host data `[q, k, v, d_out]`: the output, then (with
+/// `backward`) dq, dk, dv, through the kernels (`kernel`) or the reference. The kernel's forward
+/// output and log-sum-exp feed the kernel's backward, the reference's feed the reference's.
+#[allow(clippy::too_many_arguments)]
+fn attention_outputs<BK: FlashAttentionBackend>(kernel: bool, backward: bool, inputs: &[burn::tensor::TensorData; 4], bias: Option<&burn::tensor::TensorData>, options: AttentionOptions, dtype: DType, device: &BK::Device) -> Vec<Vec<f64>> {
+    use kiln::ops::flash_attention::reference;
+    let [q, k, v, d_out] = inputs.clone().map(|d| common::tensor::<BK, 4>(&d, dtype, device).into_primitive().tensor());
+    let bias = bias.map(|d| common::tensor::<BK, 4>(d, dtype, device).into_primitive().tensor());
+    let forward = if kernel { BK::flash_attention_forward } else { reference::forward::<BK> };
+    let fwd = forward(q.clone(), k.clone(), v.clone(), bias.clone(), options);
+    let wrap = |t| common::values(Tensor::<BK, 4>::from_primitive(burn::tensor::TensorPrimitive::Float(t)));
+    let mut out = vec![wrap(fwd.output.clone())];
+    if backward {
+        let backward = if kernel { BK::flash_attention_backward } else { reference::backward::<BK> };
+        let (dq, dk, dv) = backward(q, k, v, bias, fwd.output, fwd.lse, d_out, options);
+        out.extend([dq, dk, dv].map(wrap));
+    }
+    out
+}
+
 /// The tensor-core forward and backward in `dtype` (bf16 or f16) against the f64 oracle, with
 /// the reference (Burn ops on CUDA) in the same dtype as the baseline of DEVELOPERS.md's rule.
 /// The backward runs on the backend's primitives (the kernel's forward output and log-sum-exp
@@ -203,7 +223,6 @@ fn bench(device: &CudaDevice) {
 /// gradient; the memory pool is poisoned before each case. `backward` = false checks the forward
 /// alone (decode-sized cases are cheap that way).
 fn parity_tensor_cores(device: &CudaDevice, dtype: DType, backward: bool) -> bool {
-    use kiln::ops::flash_attention::reference;
     let mut ok = true;
     let causal = AttentionOptions::causal();
     let cases = [
@@ -229,25 +248,10 @@ fn parity_tensor_cores(device: &CudaDevice, dtype: DType, backward: bool) -> boo
         let (qs, ks) = ([case.batch, case.q_heads, case.q_len, case.head_dim], [case.batch, case.kv_heads, case.kv_len, case.head_dim]);
         let inputs = [data(&qs, 1), data(&ks, 2), data(&ks, 3), data(&qs, 5)];
         let bias = case.bias.then(|| data(&[case.batch, case.q_heads, case.q_len, case.kv_len], 4));
-        // out, then dq, dk, dv when `backward`.
-        fn outputs<BK: FlashAttentionBackend>(kernel: bool, backward: bool, inputs: &[burn::tensor::TensorData; 4], bias: Option<&burn::tensor::TensorData>, options: AttentionOptions, dtype: DType, device: &BK::Device) -> Vec<Vec<f64>> {
-            let [q, k, v, d_out] = inputs.clone().map(|d| common::tensor::<BK, 4>(&d, dtype, device).into_primitive().tensor());
-            let bias = bias.map(|d| common::tensor::<BK, 4>(d, dtype, device).into_primitive().tensor());
-            let forward = if kernel { BK::flash_attention_forward } else { reference::forward::<BK> };
-            let fwd = forward(q.clone(), k.clone(), v.clone(), bias.clone(), options);
-            let wrap = |t| common::values(Tensor::<BK, 4>::from_primitive(burn::tensor::TensorPrimitive::Float(t)));
-            let mut out = vec![wrap(fwd.output.clone())];
-            if backward {
-                let backward = if kernel { BK::flash_attention_backward } else { reference::backward::<BK> };
-                let (dq, dk, dv) = backward(q, k, v, bias, fwd.output, fwd.lse, d_out, options);
-                out.extend([dq, dk, dv].map(wrap));
-            }
-            out
-        }
         common::poison::<B>(device, case.footprint() * 4, dtype);
-        let kernel = outputs::<B>(true, backward, &inputs, bias.as_ref(), case.options, dtype, device);
-        let reference = outputs::<B>(false, backward, &inputs, bias.as_ref(), case.options, dtype, device);
-        let oracle = outputs::<burn::backend::NdArray<f64>>(false, backward, &inputs, bias.as_ref(), case.options, DType::F64, &Default::default());
+        let kernel = attention_outputs::<B>(true, backward, &inputs, bias.as_ref(), case.options, dtype, device);
+        let reference = attention_outputs::<B>(false, backward, &inputs, bias.as_ref(), case.options, dtype, device);
+        let oracle = attention_outputs::<burn::backend::NdArray<f64>>(false, backward, &inputs, bias.as_ref(), case.options, DType::F64, &Default::default());
         for (i, name) in ["out", "dq", "dk", "dv"].into_iter().enumerate().take(kernel.len()) {
             let c = common::compare(name, &kernel[i], &reference[i], &oracle[i], dtype, case.depth());
             println!("parity tensor-core attention {case:?} {dtype:?} {name} kernel_err {:.3e} ref_err {:.3e} bound {:.3e} {} ({:.1} s)", c.kernel_err, c.reference_err, c.bound, if c.passed() { "ok" } else { "FAIL" }, start.elapsed().as_secs_f64());
@@ -264,37 +268,27 @@ fn parity_tensor_cores(device: &CudaDevice, dtype: DType, backward: bool) -> boo
 /// is). Prints the largest error of each gradient relative to the oracle's largest magnitude,
 /// and dQ's first columns of the first row that sees a key.
 fn attention_probe(device: &CudaDevice) {
-    use kiln::ops::flash_attention::reference;
-    type O = burn::backend::NdArray<f64>;
     let settings = std::env::var("KILN_PROBE_SETTINGS").unwrap_or_default();
     for head_dim in [64, 80, 96, 128] {
         for (q_len, kv_len, causal) in [(130, 130, false), (100, 37, true)] {
             let options = AttentionOptions { causal, ..Default::default() };
             let (qs, ks) = ([1, 4, q_len, head_dim], [1, 2, kv_len, head_dim]);
             let inputs = [common::random(&qs, 1), common::random(&ks, 2), common::random(&ks, 3), common::random(&qs, 5)];
-            let oracle: Vec<Vec<f64>> = {
-                let [q, k, v, d_out] = inputs.clone().map(|d| common::tensor::<O, 4>(&d, DType::F64, &Default::default()).into_primitive().tensor());
-                let fwd = reference::forward::<O>(q.clone(), k.clone(), v.clone(), None, options);
-                let (dq, dk, dv) = reference::backward::<O>(q, k, v, None, fwd.output, fwd.lse, d_out, options);
-                [dq, dk, dv].map(|t| common::values(Tensor::<O, 4>::from_primitive(burn::tensor::TensorPrimitive::Float(t)))).into()
-            };
+            let oracle = attention_outputs::<burn::backend::NdArray<f64>>(false, true, &inputs, None, options, DType::F64, &Default::default());
             let row = if causal { q_len.saturating_sub(kv_len) * head_dim } else { 0 };
             for setting in settings.split(';') {
                 let vars: Vec<(&str, &str)> = setting.split(',').filter_map(|kv| kv.split_once('=')).collect();
                 // SAFETY: single-threaded here; the plan reads them at the next call.
                 vars.iter().for_each(|(k, v)| unsafe { std::env::set_var(k, v) });
-                let [q, k, v, d_out] = inputs.clone().map(|d| common::tensor::<B, 4>(&d, DType::BF16, device).into_primitive().tensor());
-                let fwd = B::flash_attention_forward(q.clone(), k.clone(), v.clone(), None, options);
-                let (dq, dk, dv) = B::flash_attention_backward(q, k, v, None, fwd.output, fwd.lse, d_out, options);
-                let got: Vec<Vec<f64>> = [dq, dk, dv].map(|t| common::values(Tensor::<B, 4>::from_primitive(burn::tensor::TensorPrimitive::Float(t)))).into();
-                let errors: Vec<String> = got.iter().zip(&oracle).zip(["dq", "dk", "dv"]).map(|((g, o), name)| {
+                let got = attention_outputs::<B>(true, true, &inputs, None, options, DType::BF16, device);
+                let errors: Vec<String> = got.iter().zip(&oracle).zip(["out", "dq", "dk", "dv"]).skip(1).map(|((g, o), name)| {
                     let scale = o.iter().fold(0f64, |m, x| m.max(x.abs()));
                     let err = g.iter().zip(o).fold(0f64, |m, (a, b)| if a.is_finite() { m.max((a - b).abs()) } else { f64::INFINITY });
                     format!("{name} {:.2e}", err / scale)
                 }).collect();
                 let sample = |v: &[f64]| [0, 1, 2, 3, 16, 17, 64, 65].iter().map(|c| format!("{:+.3}", v[row + c])).collect::<Vec<_>>().join(" ");
                 println!("probe attention backward hd{head_dim} {q_len}x{kv_len} causal={causal} [{setting}]: {}", errors.join("  "));
-                println!("probe   dq row {}: kernel {}  oracle {}", row / head_dim, sample(&got[0]), sample(&oracle[0]));
+                println!("probe   dq row {}: kernel {}  oracle {}", row / head_dim, sample(&got[1]), sample(&oracle[1]));
                 vars.iter().for_each(|(k, _)| unsafe { std::env::remove_var(k) });
             }
         }

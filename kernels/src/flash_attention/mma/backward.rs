@@ -93,10 +93,9 @@ fn key_tile_grads<F: Float, NC: Size>(
 
 /// Columns of dQ a plane accumulates at a time before adding them to global memory: at most 64
 /// (32 f32 registers per lane, next to the 2 · `d / 4` of dK and dV), and a multiple of 16 that
-/// divides `d`. `KILN_ATTENTION_DQ_COLUMNS=n` picks another such width, for measurements.
+/// divides `d` (a tensor-core head size is a multiple of 16).
 pub(in super::super) fn dq_columns(d: usize) -> usize {
-    let valid = |n: &usize| n.is_multiple_of(16) && d.is_multiple_of(*n);
-    crate::measurement_override("KILN_ATTENTION_DQ_COLUMNS", 16..=d).filter(valid).unwrap_or_else(|| [64, 32, 16].into_iter().find(valid).unwrap_or(16))
+    [64, 32, 16].into_iter().find(|n| d.is_multiple_of(*n)).unwrap_or(16)
 }
 
 /// Write this plane's `dSᵀ` (its keys × the tile's queries, in accumulator layout) transposed
