@@ -3,8 +3,9 @@
 # kiln-gpu-check, i.e. after `scripts/gpu-check-build`, as `gpu/profile.sh`). Writes to $OUT:
 #   <kernel>.cu/.regs/.sass   the CUDA source CubeCL generated, ptxas's register/spill report and
 #                             its SASS (sass.py; sass.txt has each loop's instruction mix)
-#   ncu_fwd.txt, ncu_fwd_raw.csv, ncu_fwd_source.csv   Nsight Compute on one forward launch
-#                   (hd128 s4096 non-causal, the `attention-quick` shape)
+#   ncu_<kernel>.txt, _raw.csv, _source.csv   Nsight Compute on one launch of the kernel named by
+#                   the first argument (`forward`, the default, or `backward`), hd128 s4096
+#                   non-causal: the `attention-quick` shape
 # The device tool returns at most 8 files from $OUT, so everything lands in $OUT/profile.tar.xz,
 # next to sass.txt and the register summary (regs.txt).
 set -u
@@ -22,12 +23,13 @@ printf '[compilation.logger]\nlevel = "full"\nfile = "%s/kernels.log"\n' "$work"
 (cd "$work" && timeout 200 "$here/kiln-gpu-check" attention-quick > "$out/quick.txt" 2>&1)
 python3 "$here/sass.py" "$work/kernels.log" "$out" > "$out/sass.txt" 2>&1
 
-# The 4th forward launch of attention-quick is the last timed non-causal one.
-ncu --clock-control none -k regex:mma_forward --launch-skip 3 --launch-count 1 --set full -o /tmp/kiln-fwd -f \
+# The 4th launch of either kernel in attention-quick is a timed non-causal one.
+kernel=${1:-forward}
+ncu --clock-control none -k "regex:mma_$kernel" --launch-skip 3 --launch-count 1 --set full -o "/tmp/kiln-$kernel" -f \
   timeout 300 "$here/kiln-gpu-check" attention-quick > "$out/ncu_run.txt" 2>&1
-ncu --import /tmp/kiln-fwd.ncu-rep --page details > "$out/ncu_fwd.txt" 2>&1
-ncu --import /tmp/kiln-fwd.ncu-rep --page raw --csv > "$out/ncu_fwd_raw.csv" 2>&1
-ncu --import /tmp/kiln-fwd.ncu-rep --page source --csv --print-source sass > "$out/ncu_fwd_source.csv" 2>&1
+ncu --import "/tmp/kiln-$kernel.ncu-rep" --page details > "$out/ncu_$kernel.txt" 2>&1
+ncu --import "/tmp/kiln-$kernel.ncu-rep" --page raw --csv > "$out/ncu_${kernel}_raw.csv" 2>&1
+ncu --import "/tmp/kiln-$kernel.ncu-rep" --page source --csv --print-source sass > "$out/ncu_${kernel}_source.csv" 2>&1
 grep -h "registers\|spill" "$out"/*.regs | tee "$final/regs.txt"
 cp "$out/sass.txt" "$final/"
 tar -C "$out" -cJf "$final/profile.tar.xz" .

@@ -160,6 +160,11 @@ fn add_query_grads<F: Float, NA: Size, NB: Size, NC: Size, NQ: Size>(
 /// 4-wide vector atomics (sm_90) lanes `t` and `t ^ 1` swap half their values first, so that
 /// the even lane holds four consecutive columns of row `g` and the odd lane of row `g + 8`: one
 /// 16-byte `red.add` where four scalar ones would go.
+///
+/// Every value is formed before the first add, and the adds sit under one branch: with a
+/// shuffle, a select and a branch between consecutive adds, each add's registers were reused
+/// by the next, and the warp stalled on every one (a fifth of the backward's stall samples on
+/// the H100).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn add_tiles<NC: Size, NQ: Size>(
@@ -175,6 +180,7 @@ fn add_tiles<NC: Size, NQ: Size>(
     let nc = NC::value();
     let nq = NQ::value();
     let col0 = lane_column();
+    let tiles = comptime!(width / 8);
     if comptime!(nq == 4) {
         let odd = UNIT_POS_PLANE % 2 == 1;
         // Even lane: row g, columns [2t, 2t + 4); odd lane: row g + 8, columns [2t − 2, 2t + 2).
@@ -184,8 +190,9 @@ fn add_tiles<NC: Size, NQ: Size>(
             row_at = at + comptime!(8 * d) + col0 - 2;
             ok = ok1;
         }
+        let mut values = Array::<Vector<f32, NQ>>::new(tiles);
         #[unroll]
-        for dt in 0..comptime!(width / 8) {
+        for dt in 0..tiles {
             let upper = acc[comptime!(dt * 2)];
             let lower = acc[comptime!(dt * 2 + 1)];
             let mut mine = upper;
@@ -208,24 +215,27 @@ fn add_tiles<NC: Size, NQ: Size>(
                 value[2] = got0 * scale;
                 value[3] = got1 * scale;
             }
-            if ok {
-                dq[(row_at + comptime!(dt * 8)) / 4].fetch_add(value);
+            values[dt] = value;
+        }
+        if ok {
+            #[unroll]
+            for dt in 0..tiles {
+                dq[(row_at + comptime!(dt * 8)) / 4].fetch_add(values[dt]);
             }
         }
     } else {
         #[unroll]
-        for dt in 0..comptime!(width / 8) {
-            #[unroll]
-            for e in 0..nc {
-                let col = comptime!(dt * 8 + e) + col0;
-                let mut value = Vector::<f32, NQ>::empty();
-                if ok0 {
-                    value[0] = acc[comptime!(dt * 2)][e] * scale;
-                    dq[at + col].fetch_add(value);
-                }
-                if ok1 {
-                    value[0] = acc[comptime!(dt * 2 + 1)][e] * scale;
-                    dq[at + comptime!(8 * d) + col].fetch_add(value);
+        for x in 0..2usize {
+            let ok = if comptime!(x == 0) { ok0 } else { ok1 };
+            if ok {
+                #[unroll]
+                for dt in 0..tiles {
+                    #[unroll]
+                    for e in 0..nc {
+                        let mut value = Vector::<f32, NQ>::empty();
+                        value[0] = acc[comptime!(dt * 2 + x)][e] * scale;
+                        dq[at + comptime!(x * 8 * d + dt * 8 + e) + col0].fetch_add(value);
+                    }
                 }
             }
         }
@@ -311,10 +321,11 @@ pub(in super::super) fn mma_backward_kernel<F: Float, NQ: Size>(
     let tiles = (cubecl::prelude::max(last, first) - first + comptime!(TILE - 1)) / TILE;
     let steps = group * tiles;
 
-    // K and V of the block's keys, then two buffers of (Q tile, dO tile), then the tile's dS;
-    // f32 stats: two buffers of (lse, D) for the tile's queries.
+    // K and V of the block's keys, then two buffers of (Q tile, dO tile), then two of the tile's
+    // dS; f32 stats: two buffers of (lse, D) for the tile's queries.
     let ds_at = comptime!(2 * key_elems + 4 * streamed);
-    let mut smem = SharedMemory::<F>::new_aligned(comptime!(ds_at + tile_elems(TILE, keys)), 16usize);
+    let ds_elems = comptime!(tile_elems(TILE, keys));
+    let mut smem = SharedMemory::<F>::new_aligned(comptime!(ds_at + 2 * ds_elems), 16usize);
     let mut stats = SharedMemory::<f32>::new(comptime!(4 * TILE));
     let barrier = Barrier::shared(CUBE_DIM, UNIT_POS == 0);
     let kv_base = b * k.stride(0) + kvh * k.stride(1);
@@ -375,13 +386,10 @@ pub(in super::super) fn mma_backward_kernel<F: Float, NQ: Size>(
         } else {
             key_tile_grads::<F, NC>(&mut st_acc, &mut dpt_acc, bias, &stats, stats_at, b, h, j0, j1, tile, last, q_len, kv_len, window, scale, softcap, config, false);
         }
-        store_transposed::<F, NC>(&dpt_acc, &mut smem, ds_at, keys);
+        let ds_tile = ds_at + buffer * ds_elems;
+        store_transposed::<F, NC>(&dpt_acc, &mut smem, ds_tile, keys);
         accumulate::<F, NA, NB, NC>(&st_acc, &smem, q_tile + streamed, &mut dv_acc, d);
         accumulate::<F, NA, NB, NC>(&dpt_acc, &smem, q_tile, &mut dk_acc, d);
-        // Every plane's dS is in place; the barrier that ends the step keeps the next step's
-        // from overwriting it while a plane still reads it.
-        sync_cube();
-        add_query_grads::<F, NA, NB, NC, NQ>(&smem, ds_at, dq, (b * q_heads + h) * q_len, tile, last, scale, planes, dq_width, d);
         if step + 1 < steps {
             let t = UNIT_POS as usize;
             if t < TILE {
@@ -390,8 +398,14 @@ pub(in super::super) fn mma_backward_kernel<F: Float, NQ: Size>(
                 stats[at + TILE + t] = stat_delta;
             }
         }
+        // One barrier per step: it lands the next tile's copies and statistics, and shows every
+        // plane the whole dS, which the dQ products read after it. dS alternates between two
+        // buffers, so the next step writes the one that this step's barrier saw every plane
+        // finish reading; the dQ products read only dS and K, so the next step may overwrite
+        // this step's Q and dO tiles.
         barrier.commit_copy_async();
         barrier.arrive_and_wait();
+        add_query_grads::<F, NA, NB, NC, NQ>(&smem, ds_tile, dq, (b * q_heads + h) * q_len, tile, last, scale, planes, dq_width, d);
         buffer = 1 - buffer;
     }
 

@@ -37,12 +37,12 @@ const PAD: usize = 8;
 const CHUNK: usize = 8;
 
 /// Shared memory the larger of the kernels (the backward's: K and V of its keys, two buffers of
-/// Q and dO tiles, the `TILE × keys` block of dS, statistics) needs per cube, in bytes, for heads
-/// of `head_dim`, `elem_size`-byte elements and `planes` planes.
+/// Q and dO tiles, two `TILE × keys` blocks of dS, statistics) needs per cube, in bytes, for
+/// heads of `head_dim`, `elem_size`-byte elements and `planes` planes.
 pub(super) fn shared_bytes(head_dim: usize, elem_size: usize, planes: usize) -> usize {
     let streamed = 4 * tile_elems(TILE, head_dim);
     let keys = 2 * tile_elems(planes * PLANE_ROWS, head_dim);
-    let ds = tile_elems(TILE, planes * PLANE_ROWS);
+    let ds = 2 * tile_elems(TILE, planes * PLANE_ROWS);
     let barrier_and_stats = 64 + 4 * 4 * TILE;
     elem_size * (streamed + keys + ds) + barrier_and_stats
 }
