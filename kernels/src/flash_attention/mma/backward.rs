@@ -16,7 +16,7 @@
 
 use super::super::{AttentionConfig, EMPTY_LSE, bias_at, capped_logit, logit_grad};
 use super::{
-    mma_shape, lane_column, LOG2_E, PLANE_ROWS, TILE, accumulate, fast_exp2, pair_visible, product_shared, scores, stage_pair, stage_tile, store_rows, tile_elems, zeros,
+    mma_shape, lane_column, LOG2_E, PLANE_ROWS, TILE, accumulate, fast_exp2, pair_visible, scores, stage_pair, stage_tile, store_rows, tile_elems, zeros,
 };
 use cubecl::cmma::MatrixIdent;
 use cubecl::prelude::barrier::Barrier;
@@ -142,13 +142,19 @@ fn add_query_grads<F: Float, NA: Size, NB: Size, NC: Size, NQ: Size>(
     let keys = comptime!(planes * PLANE_ROWS);
     let chunks = comptime!(d / width);
     let g = (UNIT_POS_PLANE / 4) as usize;
-    let mut acc = zeros::<NC>(comptime!(width / 8));
+    let mut acc = Array::<Vector<f32, NC>>::new(comptime!(width / 4));
+    // dS comes from shared memory, so `accumulate` gets no register operand.
+    let none = Array::<Vector<f32, NC>>::new(1usize);
     let mut item = UNIT_POS_Y as usize;
     while item < comptime!(TILE / PLANE_ROWS * chunks) {
         let rt = item / chunks;
         let c0 = (item % chunks) * width;
         let a_at = ds_at + rt * comptime!(PLANE_ROWS * tile_elems(1, keys));
-        product_shared::<F, NA, NB, NC>(smem, a_at, c0, &mut acc, keys, planes, width, d);
+        #[unroll]
+        for x in 0..comptime!(width / 4) {
+            acc[x] = Vector::new(0.0);
+        }
+        accumulate::<F, NA, NB, NC>(&none, smem, a_at, c0, &mut acc, true, keys, width, d);
         let i0 = tile + rt * PLANE_ROWS + g;
         add_tiles::<NC, NQ>(&acc, dq, (row_base + i0) * d + c0, i0 < last, i0 + 8 < last, scale, width, d);
         item += planes;
@@ -388,8 +394,8 @@ pub(in super::super) fn mma_backward_kernel<F: Float, NQ: Size>(
         }
         let ds_tile = ds_at + buffer * ds_elems;
         store_transposed::<F, NC>(&dpt_acc, &mut smem, ds_tile, keys);
-        accumulate::<F, NA, NB, NC>(&st_acc, &smem, q_tile + streamed, &mut dv_acc, d);
-        accumulate::<F, NA, NB, NC>(&dpt_acc, &smem, q_tile, &mut dk_acc, d);
+        accumulate::<F, NA, NB, NC>(&st_acc, &smem, 0usize, q_tile + streamed, &mut dv_acc, false, TILE, d, d);
+        accumulate::<F, NA, NB, NC>(&dpt_acc, &smem, 0usize, q_tile, &mut dk_acc, false, TILE, d, d);
         if step + 1 < steps {
             let t = UNIT_POS as usize;
             if t < TILE {

@@ -235,7 +235,7 @@ pub(in super::super) fn mma_forward_kernel<F: Float, O: Float>(
             }
         }
 
-        accumulate::<F, NA, NB, NC>(&s_acc, &smem, k_tile + streamed, &mut o_acc, d);
+        accumulate::<F, NA, NB, NC>(&s_acc, &smem, 0usize, k_tile + streamed, &mut o_acc, false, TILE, d, d);
 
         // Lands tile n + 1 and frees this buffer for tile n + 2.
         barrier.commit_copy_async();

@@ -387,69 +387,48 @@ pub(super) fn scores<F: Float, NA: Size, NB: Size, NC: Size>(
     }
 }
 
-/// `out += P · Tile` for one plane (16-bit inputs: four A and two B registers per lane): P is 16 rows × `TILE` in accumulator layout (`TILE / 8`
-/// tiles, cast to `F` as A fragments), the tile `TILE` rows × `d` at `b_tile`; `out` holds
-/// `d / 8` accumulator tiles.
-#[cube]
-pub(super) fn accumulate<F: Float, NA: Size, NB: Size, NC: Size>(
-    p: &Array<Vector<f32, NC>>,
-    smem: &SharedMemory<F>,
-    b_tile: usize,
-    out: &mut Array<Vector<f32, NC>>,
-    #[comptime] d: usize,
-) {
-    let na = NA::value();
-    let b_ld = ld_halves_by_columns(d);
-    let mut a = Array::<Vector<F, NA>>::new(4usize);
-    #[unroll]
-    for ps in 0..comptime!(TILE / 16) {
-        #[unroll]
-        for vi in 0..4usize {
-            // A vector vi of k-step ps: row vi % 2 of accumulator tile 2ps + vi / 2.
-            let values = p[comptime!((2 * ps + vi / 2) * 2 + vi % 2)];
-            let mut reg = Vector::<F, NA>::empty();
-            #[unroll]
-            for e in 0..na {
-                reg[e] = F::cast_from(values[e]);
-            }
-            a[vi] = reg;
-        }
-        #[unroll]
-        for pair in 0..comptime!(d / 16) {
-            let at = b_tile + comptime!(ps * 16 * (d + PAD) + pair * 16) + b_ld;
-            mma_pair::<F, NA, NB, NC>(&a, smem, at, out, pair, true);
-        }
-    }
-}
-
-/// `out = A · Tile` for one plane, both operands in shared memory: A is the 16 rows ×
-/// `16 · k_steps` row-major block at `a_at` (rows `a_width + PAD` apart), the tile the
-/// `16 · k_steps` rows × `width` columns at `b_tile` (rows `d + PAD` apart); `out` gets
+/// `out += A · Tile` for one plane (16-bit inputs: four A and two B registers per lane), A 16
+/// rows × `a_width` columns: either `p` in accumulator layout (`a_width / 8` tiles, cast to `F`
+/// as A fragments: probabilities and logit gradients never leave registers), or, with
+/// `a_shared`, the row-major block at `a_at` (rows `a_width + PAD` apart) read by `ldmatrix`. The
+/// tile holds `a_width` rows × `width` columns at `b_tile` (rows `d + PAD` apart); `out` holds
 /// `width / 8` accumulator tiles.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-pub(super) fn product_shared<F: Float, NA: Size, NB: Size, NC: Size>(
+pub(super) fn accumulate<F: Float, NA: Size, NB: Size, NC: Size>(
+    p: &Array<Vector<f32, NC>>,
     smem: &SharedMemory<F>,
     a_at: usize,
     b_tile: usize,
     out: &mut Array<Vector<f32, NC>>,
+    #[comptime] a_shared: bool,
     #[comptime] a_width: usize,
-    #[comptime] k_steps: usize,
     #[comptime] width: usize,
     #[comptime] d: usize,
 ) {
     let def = mma_shape::<F>();
+    let na = NA::value();
     let a_ld = ld_halves_by_columns(a_width);
     let b_ld = ld_halves_by_columns(d);
     let mut a = Array::<Vector<F, NA>>::new(4usize);
     #[unroll]
-    for x in 0..comptime!(width / 4) {
-        out[x] = Vector::new(0.0);
-    }
-    #[unroll]
-    for ks in 0..k_steps {
-        let at = a_at + comptime!(ks * 16) + a_ld;
-        def.load_matrix_inplace::<F, NA>(&smem.slice(at, at + CHUNK), &mut a, MatrixIdent::A, 4usize, false);
+    for ks in 0..comptime!(a_width / 16) {
+        if comptime!(a_shared) {
+            let at = a_at + comptime!(ks * 16) + a_ld;
+            def.load_matrix_inplace::<F, NA>(&smem.slice(at, at + CHUNK), &mut a, MatrixIdent::A, 4usize, false);
+        } else {
+            #[unroll]
+            for vi in 0..4usize {
+                // A vector vi of k-step ks: row vi % 2 of accumulator tile 2ks + vi / 2.
+                let values = p[comptime!((2 * ks + vi / 2) * 2 + vi % 2)];
+                let mut reg = Vector::<F, NA>::empty();
+                #[unroll]
+                for e in 0..na {
+                    reg[e] = F::cast_from(values[e]);
+                }
+                a[vi] = reg;
+            }
+        }
         #[unroll]
         for pair in 0..comptime!(width / 16) {
             let at = b_tile + comptime!(ks * 16 * (d + PAD) + pair * 16) + b_ld;
