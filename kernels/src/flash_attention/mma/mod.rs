@@ -343,6 +343,15 @@ fn mma_pair<F: Float, NA: Size, NB: Size, NC: Size>(
     }
 }
 
+/// Read into `a` the A fragment of k-step `ks` of a row-major block in shared memory; `at` is
+/// the block's start plus this lane's [`ld_halves_by_columns`] address.
+#[cube]
+fn load_a_shared<F: Float, NA: Size>(smem: &SharedMemory<F>, at: usize, a: &mut Array<Vector<F, NA>>, #[comptime] ks: usize) {
+    let def = mma_shape::<F>();
+    let from = at + comptime!(ks * 16);
+    def.load_matrix_inplace::<F, NA>(&smem.slice(from, from + CHUNK), a, MatrixIdent::A, 4usize, false);
+}
+
 /// `acc = X · Tileᵀ` for one plane (16-bit inputs: four A and two B registers per lane): X is 16 rows × `d` (A fragments in `a_regs`, or, with
 /// `a_shared`, read by `ldmatrix` from the row-major block at `a_at`), the tile the `TILE`
 /// rows × `d` at `b_tile`. `acc` gets `TILE / 8` accumulator tiles (two vectors each).
@@ -357,7 +366,6 @@ pub(super) fn scores<F: Float, NA: Size, NB: Size, NC: Size>(
     #[comptime] d: usize,
     #[comptime] a_shared: bool,
 ) {
-    let def = mma_shape::<F>();
     let b_ld = ld_rows_by_halves(d);
     let a_ld = ld_halves_by_columns(d);
     let mut a = Array::<Vector<F, NA>>::new(4usize);
@@ -371,8 +379,7 @@ pub(super) fn scores<F: Float, NA: Size, NB: Size, NC: Size>(
     #[unroll]
     for ks in 0..comptime!(d / 16) {
         if comptime!(a_shared) {
-            let at = a_at + comptime!(ks * 16) + a_ld;
-            def.load_matrix_inplace::<F, NA>(&smem.slice(at, at + CHUNK), &mut a, MatrixIdent::A, 4usize, false);
+            load_a_shared::<F, NA>(smem, a_at + a_ld, &mut a, ks);
         } else {
             #[unroll]
             for vi in 0..4usize {
@@ -406,7 +413,6 @@ pub(super) fn accumulate<F: Float, NA: Size, NB: Size, NC: Size>(
     #[comptime] width: usize,
     #[comptime] d: usize,
 ) {
-    let def = mma_shape::<F>();
     let na = NA::value();
     let a_ld = ld_halves_by_columns(a_width);
     let b_ld = ld_halves_by_columns(d);
@@ -414,8 +420,7 @@ pub(super) fn accumulate<F: Float, NA: Size, NB: Size, NC: Size>(
     #[unroll]
     for ks in 0..comptime!(a_width / 16) {
         if comptime!(a_shared) {
-            let at = a_at + comptime!(ks * 16) + a_ld;
-            def.load_matrix_inplace::<F, NA>(&smem.slice(at, at + CHUNK), &mut a, MatrixIdent::A, 4usize, false);
+            load_a_shared::<F, NA>(smem, a_at + a_ld, &mut a, ks);
         } else {
             #[unroll]
             for vi in 0..4usize {
