@@ -16,7 +16,7 @@
 
 use super::super::{AttentionConfig, EMPTY_LSE, bias_at, capped_logit, logit_grad};
 use super::{
-    mma_shape, lane_column, LOG2_E, PLANE_ROWS, TILE, accumulate, fast_exp2, pair_visible, scores, stage_pair, stage_tile, store_rows, tile_elems, zeros,
+    mma_shape, lane_column, LOG2_E, PLANE_ROWS, TILE, accumulate, clear, fast_exp2, pair_visible, scores, stage_pair, stage_tile, store_rows, tile_elems, zeros,
 };
 use cubecl::cmma::MatrixIdent;
 use cubecl::prelude::barrier::Barrier;
@@ -150,10 +150,7 @@ fn add_query_grads<F: Float, NA: Size, NB: Size, NC: Size, NQ: Size>(
         let rt = item / chunks;
         let c0 = (item % chunks) * width;
         let a_at = ds_at + rt * comptime!(PLANE_ROWS * tile_elems(1, keys));
-        #[unroll]
-        for x in 0..comptime!(width / 4) {
-            acc[x] = Vector::new(0.0);
-        }
+        clear::<NC>(&mut acc, comptime!(width / 8));
         accumulate::<F, NA, NB, NC>(&none, smem, a_at, c0, &mut acc, true, keys, width, d);
         let i0 = tile + rt * PLANE_ROWS + g;
         add_tiles::<NC, NQ>(&acc, dq, (row_base + i0) * d + c0, i0 < last, i0 + 8 < last, scale, width, d);

@@ -369,10 +369,7 @@ pub(super) fn scores<F: Float, NA: Size, NB: Size, NC: Size>(
     let b_ld = ld_rows_by_halves(d);
     let a_ld = ld_halves_by_columns(d);
     let mut a = Array::<Vector<F, NA>>::new(4usize);
-    #[unroll]
-    for x in 0..comptime!(TILE / 4) {
-        acc[x] = Vector::new(0.0);
-    }
+    clear::<NC>(acc, comptime!(TILE / 8));
     // k-steps outermost: each A fragment is read once, and the `TILE / 8` accumulator tiles of a
     // k-step are independent products the tensor cores can overlap (a k-step-inner order chains
     // every product on the previous one).
@@ -446,11 +443,17 @@ pub(super) fn accumulate<F: Float, NA: Size, NB: Size, NC: Size>(
 #[cube]
 pub(super) fn zeros<NC: Size>(#[comptime] tiles: usize) -> Array<Vector<f32, NC>> {
     let mut acc = Array::<Vector<f32, NC>>::new(comptime!(2 * tiles));
+    clear::<NC>(&mut acc, tiles);
+    acc
+}
+
+/// Zero the first `tiles` 16×8 accumulator tiles of `acc`.
+#[cube]
+pub(super) fn clear<NC: Size>(acc: &mut Array<Vector<f32, NC>>, #[comptime] tiles: usize) {
     #[unroll]
     for x in 0..comptime!(2 * tiles) {
         acc[x] = Vector::new(0.0);
     }
-    acc
 }
 
 /// Whether query `i` sees key `j` and both exist (`i < q_end`, `j < k_end`).
