@@ -69,11 +69,13 @@ fn on_cuda<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
 
 /// Whether the skinny kernel beats cuBLASLt for this product on CUDA. The kernel does `m` FMAs per
 /// weight element on CUDA cores, so it slows as rows grow, while a small cuBLASLt product costs
-/// ~55-70 µs a call whatever its rows (its stream handshake). Skinny vs cuBLASLt per call, bf16,
-/// H100 (`benches/RESULTS.md`, 2026-11-24 eleventh session, two calls): m ≤ 2 0.99-2.0× faster on
-/// every Llama layer; m = 4-8 1.02-2.2× up to 11008×4096 weights but 0.70-0.95× on the
-/// 4096×128256 output layer; m = 16 1.6-1.7× on 4096×4096, 0.43-0.65× on the larger ones. Against
-/// Burn's matmul (other runtimes) it is taken whenever it fits.
+/// about the same whatever its rows (host time: 41-57 µs a call through Burn's fusion on CubeCL's
+/// stream, 55-70 µs under the stream handshake). Skinny vs cuBLASLt per call, bf16, H100
+/// (`benches/RESULTS.md`, eleventh session, two calls; fourteenth session, same-stream cuBLASLt):
+/// m ≤ 2 1.0-2.0× faster on every Llama layer; m = 4-8 0.96-2.2× up to 11008×4096 weights (1.8× on
+/// 4096² against same-stream cuBLASLt) but 0.70-0.95× on the 4096×128256 output layer; m = 16
+/// 1.2-1.7× on 4096×4096, 0.43-0.65× on the larger ones. Against Burn's matmul (other runtimes) it
+/// is taken whenever it fits.
 fn skinny_wins(p: &SkinnyProblem) -> bool {
     const MI: usize = 1 << 20;
     let weights = p.k * p.n;
@@ -180,8 +182,8 @@ mod cuda {
     }
 
     /// The product on cuBLASLt, wherever it can run. On the H100 (bf16, Llama shapes,
-    /// `benches/RESULTS.md` 2026-11-23, device handshake) it ran at 1.07-3.3× Burn's matmul from
-    /// M = 512 up, so there is no crossover to Burn's matmul to keep.
+    /// `benches/RESULTS.md` 2026-11-23) it ran at 1.07-3.3× Burn's matmul from M = 512 up, so
+    /// there is no crossover to Burn's matmul to keep.
     pub(super) fn gemm<R: CubeRuntime>(
         lhs: &CubeTensor<R>,
         rhs: &CubeTensor<R>,

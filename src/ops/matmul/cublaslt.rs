@@ -4,10 +4,10 @@
 //! driver), so a machine without it still runs: [`Engine::with`] answers `None` and the caller
 //! falls back to Burn's matmul.
 //!
-//! kiln owns one stream per device for cuBLASLt (CubeCL 0.10 keeps its own private);
-//! `stream_order.rs` orders it against CubeCL's. Each product runs on CubeCL's device thread
-//! (`ComputeClient::exclusive`): CubeCL's calls inside it (device pointers, the handshake's
-//! launch) then run at once instead of each waiting for that thread.
+//! Products run on CubeCL's own stream where it can be learned, else on a stream of kiln's
+//! ordered against CubeCL's (`stream_order.rs`). Each product runs on CubeCL's device thread
+//! (`ComputeClient::exclusive`): CubeCL's calls inside it (device pointers, launches) then run at
+//! once instead of each waiting for that thread, and CubeCL's earlier launches have been issued.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -21,7 +21,7 @@ use cudarc::cublaslt::{result as lt, sys};
 use cudarc::driver::{result as drv, sys as dsys};
 
 use super::GemmLayout;
-use super::stream_order::{Ordering, StreamOrder};
+use super::stream_order::{Lane, Ordering, StreamOrder};
 
 /// One matrix operand as cuBLASLt sees it: a column-major view of row-major storage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -104,12 +104,12 @@ fn destroy(desc: sys::cublasLtMatmulDesc_t, layouts: &[sys::cublasLtMatrixLayout
     }
 }
 
-/// Per-device cuBLASLt state: handle, kiln's stream, workspace and the plan cache.
+/// Per-device cuBLASLt state: handle, stream ordering (with the streams and workspaces) and the
+/// plan cache.
 pub(crate) struct Engine {
     context: dsys::CUcontext,
     handle: sys::cublasLtHandle_t,
-    stream: dsys::CUstream,
-    workspace: dsys::CUdeviceptr,
+    /// Bytes of each lane's workspace.
     workspace_size: usize,
     /// SMs cuBLASLt should plan for: one less than the device has while the handshake's CubeCL
     /// kernel spins on one of them during every product (H100, 8192×4096×4096 bf16: 400 µs
@@ -172,12 +172,12 @@ impl Engine {
         let stream = drv::stream::create(drv::stream::StreamKind::NonBlocking).map_err(err)?;
         let workspace = unsafe { drv::malloc_sync(workspace_size) }.map_err(err)?;
         let handle = lt::create_handle().map_err(err)?;
-        let ordering = Ordering::new(client, stream);
+        let ordering = Ordering::new(client, Lane { stream, workspace }, workspace_size);
         let sms = unsafe { drv::device::get_attribute(device, dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT) }
             .map_err(err)?;
         let margin = ordering.order() == StreamOrder::DeviceHandshake && std::env::var("KILN_GEMM_SM_TARGET").as_deref() != Ok("all");
         let sm_target = margin.then_some(sms - 1);
-        Ok(Self { context, handle, stream, workspace, workspace_size, sm_target, ordering, plans: HashMap::new() })
+        Ok(Self { context, handle, workspace_size, sm_target, ordering, plans: HashMap::new() })
     }
 
     /// The plan for `key` and, on its first use, the candidate algorithms still to be timed.
@@ -350,9 +350,8 @@ unsafe fn heuristic_candidates(
 /// events on kiln's stream) and return the fastest. cuBLASLt's heuristic ranks by a model of the
 /// device; measuring its top candidates once per shape is what PyTorch's TunableOp does (on the
 /// H100 runs of 2026-11-23 this was not measured apart from the SM-target change that came with
-/// it). Runs inside a host-synchronized product (a plan's first), so every run sees the
-/// producers' finished data; the runs only write the fresh output (bias and residual make them
-/// idempotent), which the real launch after this overwrites.
+/// it). Runs on the product's own lane, ordered after its producers; the runs only write the fresh
+/// output (bias and residual make them idempotent), which the real launch after this overwrites.
 fn tune(stream: dsys::CUstream, candidates: &[Algo], run: impl Fn(&Algo) -> Result<(), String>) -> Result<Algo, String> {
     if candidates.len() == 1 {
         return Ok(candidates[0]);
@@ -446,7 +445,7 @@ fn run<R: CubeRuntime>(engine: &mut Engine, client: &ComputeClient<CudaRuntime>,
         residual: a.residual.is_some(),
         alignment: alignment(&pointers, a.out.dtype.size(), &[lhs, rhs, out]),
     };
-    let (handle, stream, workspace) = (engine.handle, engine.stream, engine.workspace);
+    let handle = engine.handle;
     let Ok((plan, candidates)) = engine.plan(key) else { return Ok(false) };
     if let Some(bias) = p_bias {
         // SAFETY: live descriptor; the plan is used under the engine's lock only.
@@ -454,7 +453,7 @@ fn run<R: CubeRuntime>(engine: &mut Engine, client: &ComputeClient<CudaRuntime>,
     }
     let (alpha, beta) = (1f32, if a.residual.is_some() { 1f32 } else { 0f32 });
     let c = p_residual.unwrap_or(p_out);
-    let launch = |algo: &Algo| unsafe {
+    let launch = |lane: Lane, algo: &Algo| unsafe {
         // SAFETY: every pointer is a live CubeCL allocation of the shape its layout describes, kept
         // alive (and unreused) until CubeCL's stream passes the point ordered after this launch.
         lt::matmul(
@@ -471,21 +470,21 @@ fn run<R: CubeRuntime>(engine: &mut Engine, client: &ComputeClient<CudaRuntime>,
             p_out as *mut c_void,
             plan.layouts[2],
             &algo.algo,
-            workspace as *mut c_void,
+            lane.workspace as *mut c_void,
             algo.workspace,
-            stream as sys::cudaStream_t,
+            lane.stream as sys::cudaStream_t,
         )
         .map_err(|e| format!("cublasLtMatmul: {e:?}"))
     };
     if candidates.is_empty() {
-        return engine.ordering.ordered(client, stream, false, || launch(&plan.algo)).map(|()| true);
+        return engine.ordering.ordered(client, false, |lane| launch(lane, &plan.algo)).map(|()| true);
     }
-    // A plan's first product: its kernels load now (host-synchronized, see `Ordering::ordered`)
-    // and its candidates are timed.
+    // A plan's first product: its kernels load now (see `Ordering::ordered`) and its candidates
+    // are timed.
     let mut chosen = plan.algo;
-    engine.ordering.ordered(client, stream, true, || {
-        chosen = tune(stream, &candidates, launch)?;
-        launch(&chosen)
+    engine.ordering.ordered(client, true, |lane| {
+        chosen = tune(lane.stream, &candidates, |algo| launch(lane, algo))?;
+        launch(lane, &chosen)
     })?;
     engine.plans.get_mut(&key).expect("built above").parts.algo = chosen;
     Ok(true)
@@ -496,6 +495,6 @@ fn run<R: CubeRuntime>(engine: &mut Engine, client: &ComputeClient<CudaRuntime>,
 pub fn cublaslt_synchronize(index: usize) {
     on_device(index, |engine| {
         // SAFETY: the engine's live stream.
-        let _ = unsafe { drv::stream::synchronize(engine.stream) };
+        let _ = unsafe { drv::stream::synchronize(engine.ordering.own_stream()) };
     });
 }

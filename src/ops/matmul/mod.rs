@@ -6,6 +6,8 @@
 mod backward;
 #[cfg(feature = "cuda")]
 mod cublaslt;
+#[cfg(feature = "cuda")]
+mod cubecl_stream;
 mod cube;
 mod fusion;
 pub mod reference;

@@ -1,43 +1,54 @@
-//! Ordering kiln's cuBLASLt stream against CubeCL's stream (CUDA only).
+//! Ordering cuBLASLt's work against CubeCL's stream (CUDA only).
 //!
 //! CubeCL 0.10 keeps the `CUstream` it launches on private (no accessor on `ComputeClient` or
-//! `CudaServer`), so events cannot be recorded on it. The driver's stream memory operations
-//! (`cuStreamWaitValue32`) reject CubeCL's stream-ordered pool memory (`CUDA_ERROR_INVALID_VALUE`
-//! on the H100, driver 580). Three strategies remain ([`StreamOrder`], `KILN_GEMM_ORDER`):
+//! `CudaServer`), one stream per `StreamId` (host thread). Four strategies ([`StreamOrder`],
+//! `KILN_GEMM_ORDER`):
 //!
-//! - [`StreamOrder::DeviceHandshake`] (default): both streams meet in device memory, with no host
-//!   wait. A one-unit CubeCL kernel ([`kiln_kernels::stream_handshake`]) on CubeCL's stream
-//!   signals *ready* (everything CubeCL enqueued before it has finished) and spins until *done*;
-//!   kiln's stream spins until *ready*, runs the product, writes *done*. Rounds run on CubeCL's
-//!   device thread (`cublaslt.rs` calls in through `ComputeClient::exclusive`), where CubeCL
-//!   issues a launch at once; from any other thread it only queues the launch until something
-//!   flushes the queue, and kiln's stream would spin on a kernel not yet issued (why the first
-//!   attempt, run from the caller's thread, never completed a round). Rounds do not call
-//!   `ComputeClient::flush` (0.15-0.3 ms on the H100: it also settles CubeCL's deferred frees):
-//!   the self-test surfaces launch errors of the CubeCL half, and a context broken later fails
-//!   kiln's own launches too.
+//! - [`StreamOrder::SameStream`] (default): the stream is learned once per `StreamId` through
+//!   CUPTI (`cubecl_stream.rs`) and cuBLASLt runs on it, ordered by CUDA like any CubeCL kernel.
+//!   Each such stream gets its own cuBLASLt workspace (products of two threads may overlap).
+//! - [`StreamOrder::DeviceHandshake`] (where CUPTI is missing or held by a profiler): kiln's own
+//!   stream, and both streams meet in device memory, with no host wait. A one-unit CubeCL kernel
+//!   ([`kiln_kernels::stream_handshake`]) on CubeCL's stream signals *ready* (everything CubeCL
+//!   enqueued before it has finished) and spins until *done*; kiln's stream spins until *ready*,
+//!   runs the product, writes *done*. The driver's stream memory operations
+//!   (`cuStreamWaitValue32`) would be simpler but reject CubeCL's stream-ordered pool memory
+//!   (`CUDA_ERROR_INVALID_VALUE` on the H100, driver 580).
 //! - [`StreamOrder::HostSync`]: the host waits for CubeCL's stream, enqueues the product, waits
-//!   for it (two host round trips per product). Used where the handshake fails its self-test, and
-//!   for every product that may load GPU code lazily (see [`Ordering::ordered`]).
+//!   for it (two host round trips per product). Used where neither of the above works, and by the
+//!   handshake for every product that may load GPU code lazily (see [`Ordering::ordered`]).
 //! - [`StreamOrder::Unordered`]: the negative control of the GPU check's ordering test.
+//!
+//! All rounds run on CubeCL's device thread (`cublaslt.rs` calls in through
+//! `ComputeClient::exclusive`), where CubeCL issues a launch at once; from any other thread it
+//! only queues the launch until something flushes the queue, and work on another stream would be
+//! enqueued before CubeCL's (why the handshake's first attempt, run from the caller's thread,
+//! never completed a round). Rounds do not call `ComputeClient::flush` (0.15-0.3 ms on the H100:
+//! it also settles CubeCL's deferred frees).
 
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
 use cubecl::cuda::CudaRuntime;
 use cubecl::prelude::{ArrayArg, ComputeClient};
 use cubecl::server::Handle;
+use cubecl::stream_id::StreamId;
 use cudarc::driver::{result as drv, sys as dsys};
 use kiln_kernels::stream_handshake::{DONE, READY, SLOT_WORDS, launch_handshake};
 
+use super::cubecl_stream::launch_stream;
 use super::cublaslt::err;
 
-/// How the cuBLASLt stream is ordered against CubeCL's stream.
+/// How cuBLASLt's work is ordered against CubeCL's stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StreamOrder {
-    /// Device-side waits on flag words (no host synchronization).
+    /// On CubeCL's own stream (learned through CUPTI): CUDA orders it, nothing else runs.
+    SameStream,
+    /// On kiln's stream, with device-side waits on flag words (no host synchronization).
     DeviceHandshake,
-    /// Host waits for CubeCL's stream before the product and for the product after it.
+    /// On kiln's stream; the host waits for CubeCL's stream before the product and for the
+    /// product after it.
     HostSync,
     /// No ordering at all: wrong results whenever a producer or consumer overlaps the product.
     /// Exists only as the negative control of the GPU check's ordering test
@@ -45,68 +56,131 @@ pub enum StreamOrder {
     Unordered,
 }
 
-/// `KILN_GEMM_ORDER=sync|unordered`; the handshake otherwise.
+/// `KILN_GEMM_ORDER=handshake|sync|unordered`; the same stream otherwise.
 fn requested() -> StreamOrder {
     match std::env::var("KILN_GEMM_ORDER").as_deref() {
         Ok("unordered") => StreamOrder::Unordered,
         Ok("sync") => StreamOrder::HostSync,
-        _ => StreamOrder::DeviceHandshake,
+        Ok("handshake") => StreamOrder::DeviceHandshake,
+        _ => StreamOrder::SameStream,
     }
 }
 
-/// The ordering strategy of one device, with the handshake's state where it is in use.
+/// Where one product is enqueued: a stream, and a cuBLASLt workspace no other stream uses.
+#[derive(Clone, Copy)]
+pub(super) struct Lane {
+    pub(super) stream: dsys::CUstream,
+    pub(super) workspace: dsys::CUdeviceptr,
+}
+
+/// The ordering strategy of one device, with the state it needs.
 pub(super) struct Ordering {
     order: StreamOrder,
+    /// kiln's own stream (every strategy but [`StreamOrder::SameStream`]).
+    own: Lane,
+    workspace_size: usize,
     handshake: Option<Handshake>,
+    /// CubeCL's stream of each `StreamId` seen so far ([`StreamOrder::SameStream`]).
+    cubecl_lanes: HashMap<u64, Lane>,
 }
 
 impl Ordering {
-    /// The requested strategy; the handshake only after it passed its self-test on this device
-    /// (otherwise host synchronization, said once on stderr).
-    pub(super) fn new(client: &ComputeClient<CudaRuntime>, stream: dsys::CUstream) -> Self {
-        let order = requested();
-        if order != StreamOrder::DeviceHandshake {
-            return Self { order, handshake: None };
-        }
-        match Handshake::new(client, stream) {
-            Ok(h) => Self { order, handshake: Some(h) },
-            Err(e) => {
-                eprintln!("kiln::matmul: the cuBLASLt stream handshake failed its self-test ({e}); using host synchronization");
-                Self { order: StreamOrder::HostSync, handshake: None }
+    /// The requested strategy if it works on this device, else the next one down (said once on
+    /// stderr): CubeCL's stream, the handshake after it passed its self-test, host
+    /// synchronization. Runs on CubeCL's device thread.
+    pub(super) fn new(client: &ComputeClient<CudaRuntime>, own: Lane, workspace_size: usize) -> Self {
+        let mut ordering = Self { order: requested(), own, workspace_size, handshake: None, cubecl_lanes: HashMap::new() };
+        if ordering.order == StreamOrder::SameStream {
+            match ordering.cubecl_lane(client) {
+                Ok(_) => return ordering,
+                Err(e) => {
+                    eprintln!("kiln::matmul: CubeCL's stream could not be learned ({e}); ordering cuBLASLt by a device handshake");
+                    ordering.order = StreamOrder::DeviceHandshake;
+                }
             }
         }
+        if ordering.order == StreamOrder::DeviceHandshake {
+            match Handshake::new(client, own.stream) {
+                Ok(h) => ordering.handshake = Some(h),
+                Err(e) => {
+                    eprintln!("kiln::matmul: the cuBLASLt stream handshake failed its self-test ({e}); using host synchronization");
+                    ordering.order = StreamOrder::HostSync;
+                }
+            }
+        }
+        ordering
     }
 
     pub(super) fn order(&self) -> StreamOrder {
         self.order
     }
 
-    /// Run `work` (which enqueues on kiln's `stream`; called on CubeCL's device thread) after
-    /// everything enqueued so far on `client`'s stream, and before anything CubeCL enqueues
+    /// kiln's own stream.
+    pub(super) fn own_stream(&self) -> dsys::CUstream {
+        self.own.stream
+    }
+
+    /// CubeCL's stream for the calling `StreamId` (propagated onto CubeCL's device thread), learned
+    /// on its first use by watching a handshake kernel whose *done* word is already set, so it
+    /// returns at once; with a workspace of its own.
+    fn cubecl_lane(&mut self, client: &ComputeClient<CudaRuntime>) -> Result<Lane, String> {
+        let id = StreamId::current().value;
+        if let Some(lane) = self.cubecl_lanes.get(&id) {
+            return Ok(*lane);
+        }
+        const PROBE: u32 = 1;
+        let flags = client.create_from_slice(&[PROBE.to_le_bytes(), PROBE.to_le_bytes()].concat());
+        let stream = launch_stream(|| {
+            // SAFETY: `flags` holds one slot of SLOT_WORDS u32 words.
+            launch_handshake(client, unsafe { ArrayArg::from_raw_parts(flags.clone(), SLOT_WORDS) }, 0, PROBE);
+            client.flush().map_err(err)
+        })?;
+        // SAFETY: a plain device allocation, kept for the process like kiln's own workspace.
+        let workspace = unsafe { drv::malloc_sync(self.workspace_size) }.map_err(err)?;
+        let lane = Lane { stream, workspace };
+        self.cubecl_lanes.insert(id, lane);
+        Ok(lane)
+    }
+
+    /// Run `work` (which enqueues on the lane it is given; called on CubeCL's device thread)
+    /// after everything enqueued so far on `client`'s stream, and before anything CubeCL enqueues
     /// later. `may_load_code`: `work` may load GPU code lazily (a new cuBLASLt plan's first
     /// launch); CUDA may synchronize the whole context to load code, which inside a handshake
     /// would wait on a kernel that waits for the product, so such work runs under host
-    /// synchronization.
+    /// synchronization there.
     pub(super) fn ordered(
         &mut self,
         client: &ComputeClient<CudaRuntime>,
-        stream: dsys::CUstream,
         may_load_code: bool,
-        work: impl FnOnce() -> Result<(), String>,
+        work: impl FnOnce(Lane) -> Result<(), String>,
     ) -> Result<(), String> {
+        let own = self.own;
         match (self.order, &mut self.handshake) {
-            (StreamOrder::Unordered, _) => work(),
-            (StreamOrder::DeviceHandshake, Some(h)) if !may_load_code => h.round(client, stream, work),
-            _ => host_sync(client, stream, work),
+            (StreamOrder::SameStream, _) => match self.cubecl_lane(client) {
+                Ok(lane) => work(lane),
+                Err(e) => {
+                    warn_once(&format!("kiln::matmul: CubeCL's stream for this thread could not be learned ({e}); this thread's products use host synchronization"));
+                    host_sync(client, own, work)
+                }
+            },
+            (StreamOrder::Unordered, _) => work(own),
+            (StreamOrder::DeviceHandshake, Some(h)) if !may_load_code => h.round(client, own.stream, || work(own)),
+            _ => host_sync(client, own, work),
         }
     }
 }
 
-fn host_sync(client: &ComputeClient<CudaRuntime>, stream: dsys::CUstream, work: impl FnOnce() -> Result<(), String>) -> Result<(), String> {
+/// `message` on stderr, the first time only.
+fn warn_once(message: &str) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| eprintln!("{message}"));
+}
+
+fn host_sync(client: &ComputeClient<CudaRuntime>, own: Lane, work: impl FnOnce(Lane) -> Result<(), String>) -> Result<(), String> {
     cubecl::future::block_on(client.sync()).map_err(err)?;
-    let result = work();
+    let result = work(own);
     // SAFETY: kiln's own live stream.
-    unsafe { drv::stream::synchronize(stream) }.map_err(err)?;
+    unsafe { drv::stream::synchronize(own.stream) }.map_err(err)?;
     result
 }
 
