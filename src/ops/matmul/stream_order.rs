@@ -80,8 +80,11 @@ pub(super) struct Ordering {
     own: Lane,
     workspace_size: usize,
     handshake: Option<Handshake>,
-    /// CubeCL's stream of each `StreamId` seen so far ([`StreamOrder::SameStream`]).
-    cubecl_lanes: HashMap<u64, Lane>,
+    /// CubeCL's stream of each `StreamId` (host thread) seen so far ([`StreamOrder::SameStream`]).
+    cubecl_streams: HashMap<u64, dsys::CUstream>,
+    /// The workspace of each of those streams. Keyed by stream, not thread: CubeCL maps threads
+    /// onto a bounded set of streams, so threads that come and go add no workspaces.
+    workspaces: HashMap<usize, dsys::CUdeviceptr>,
 }
 
 impl Ordering {
@@ -89,7 +92,7 @@ impl Ordering {
     /// stderr): CubeCL's stream, the handshake after it passed its self-test, host
     /// synchronization. Runs on CubeCL's device thread.
     pub(super) fn new(client: &ComputeClient<CudaRuntime>, own: Lane, workspace_size: usize) -> Self {
-        let mut ordering = Self { order: requested(), own, workspace_size, handshake: None, cubecl_lanes: HashMap::new() };
+        let mut ordering = Self { order: requested(), own, workspace_size, handshake: None, cubecl_streams: HashMap::new(), workspaces: HashMap::new() };
         if ordering.order == StreamOrder::SameStream {
             match ordering.cubecl_lane(client) {
                 Ok(_) => return ordering,
@@ -122,24 +125,33 @@ impl Ordering {
 
     /// CubeCL's stream for the calling `StreamId` (propagated onto CubeCL's device thread), learned
     /// on its first use by watching a handshake kernel whose *done* word is already set, so it
-    /// returns at once; with a workspace of its own.
+    /// returns at once; with the stream's own workspace.
     fn cubecl_lane(&mut self, client: &ComputeClient<CudaRuntime>) -> Result<Lane, String> {
         let id = StreamId::current().value;
-        if let Some(lane) = self.cubecl_lanes.get(&id) {
-            return Ok(*lane);
-        }
-        const PROBE: u32 = 1;
-        let flags = client.create_from_slice(&[PROBE.to_le_bytes(), PROBE.to_le_bytes()].concat());
-        let stream = launch_stream(|| {
-            // SAFETY: `flags` holds one slot of SLOT_WORDS u32 words.
-            launch_handshake(client, unsafe { ArrayArg::from_raw_parts(flags.clone(), SLOT_WORDS) }, 0, PROBE);
-            client.flush().map_err(err)
-        })?;
-        // SAFETY: a plain device allocation, kept for the process like kiln's own workspace.
-        let workspace = unsafe { drv::malloc_sync(self.workspace_size) }.map_err(err)?;
-        let lane = Lane { stream, workspace };
-        self.cubecl_lanes.insert(id, lane);
-        Ok(lane)
+        let stream = match self.cubecl_streams.get(&id) {
+            Some(&stream) => stream,
+            None => {
+                const PROBE: u32 = 1;
+                let flags = client.create_from_slice(&[PROBE.to_le_bytes(), PROBE.to_le_bytes()].concat());
+                let stream = launch_stream(|| {
+                    // SAFETY: `flags` holds one slot of SLOT_WORDS u32 words.
+                    launch_handshake(client, unsafe { ArrayArg::from_raw_parts(flags.clone(), SLOT_WORDS) }, 0, PROBE);
+                    client.flush().map_err(err)
+                })?;
+                self.cubecl_streams.insert(id, stream);
+                stream
+            }
+        };
+        let workspace = match self.workspaces.get(&(stream as usize)) {
+            Some(&workspace) => workspace,
+            None => {
+                // SAFETY: a plain device allocation, kept for the process like kiln's own workspace.
+                let workspace = unsafe { drv::malloc_sync(self.workspace_size) }.map_err(err)?;
+                self.workspaces.insert(stream as usize, workspace);
+                workspace
+            }
+        };
+        Ok(Lane { stream, workspace })
     }
 
     /// Run `work` (which enqueues on the lane it is given; called on CubeCL's device thread)
