@@ -347,7 +347,7 @@ unsafe fn heuristic_candidates(
 }
 
 /// Time each candidate on the product's own operands (two runs each after one warm-up run, CUDA
-/// events on kiln's stream) and return the fastest. cuBLASLt's heuristic ranks by a model of the
+/// events on the product's stream) and return the fastest. cuBLASLt's heuristic ranks by a model of the
 /// device; measuring its top candidates once per shape is what PyTorch's TunableOp does (on the
 /// H100 runs of 2026-11-23 this was not measured apart from the SM-target change that came with
 /// it). Runs on the product's own lane, ordered after its producers; the runs only write the fresh

@@ -80,8 +80,9 @@ pub(super) struct Ordering {
     own: Lane,
     workspace_size: usize,
     handshake: Option<Handshake>,
-    /// CubeCL's stream of each `StreamId` (host thread) seen so far ([`StreamOrder::SameStream`]).
-    cubecl_streams: HashMap<u64, dsys::CUstream>,
+    /// CubeCL's stream of each `StreamId` (host thread) seen so far ([`StreamOrder::SameStream`]),
+    /// or why it could not be learned (kept, so a failed probe is not repeated on every product).
+    cubecl_streams: HashMap<u64, Result<dsys::CUstream, String>>,
     /// The workspace of each of those streams. Keyed by stream, not thread: CubeCL maps threads
     /// onto a bounded set of streams, so threads that come and go add no workspaces.
     workspaces: HashMap<usize, dsys::CUdeviceptr>,
@@ -128,20 +129,19 @@ impl Ordering {
     /// returns at once; with the stream's own workspace.
     fn cubecl_lane(&mut self, client: &ComputeClient<CudaRuntime>) -> Result<Lane, String> {
         let id = StreamId::current().value;
-        let stream = match self.cubecl_streams.get(&id) {
-            Some(&stream) => stream,
-            None => {
+        let stream = self
+            .cubecl_streams
+            .entry(id)
+            .or_insert_with(|| {
                 const PROBE: u32 = 1;
                 let flags = client.create_from_slice(&[PROBE.to_le_bytes(), PROBE.to_le_bytes()].concat());
-                let stream = launch_stream(|| {
+                launch_stream(|| {
                     // SAFETY: `flags` holds one slot of SLOT_WORDS u32 words.
                     launch_handshake(client, unsafe { ArrayArg::from_raw_parts(flags.clone(), SLOT_WORDS) }, 0, PROBE);
                     client.flush().map_err(err)
-                })?;
-                self.cubecl_streams.insert(id, stream);
-                stream
-            }
-        };
+                })
+            })
+            .clone()?;
         let workspace = match self.workspaces.get(&(stream as usize)) {
             Some(&workspace) => workspace,
             None => {
