@@ -241,8 +241,15 @@ fn parity_tensor_cores(device: &CudaDevice, dtype: DType, backward: bool) -> boo
         // positive scale into the exponent; a negative one takes the full-logit path).
         AttentionCase { options: causal.with_scale(20.0), ..AttentionCase::new(1, 4, 2, 129, 200, 128) },
         AttentionCase { options: AttentionOptions::default().with_scale(-0.2), ..AttentionCase::new(1, 4, 4, 70, 130, 64) },
+        // More queries than keys, causal: the first 135 rows see no key (output 0).
+        AttentionCase { options: causal, ..AttentionCase::new(2, 8, 2, 200, 65, 128) },
     ];
-    for case in cases {
+    // `KILN_PARITY_CASES=2,7`: only those cases (indices into `cases`).
+    let only: Option<Vec<usize>> = std::env::var("KILN_PARITY_CASES").ok().map(|v| v.split(',').filter_map(|i| i.trim().parse().ok()).collect());
+    for (index, case) in cases.into_iter().enumerate() {
+        if only.as_ref().is_some_and(|only| !only.contains(&index)) {
+            continue;
+        }
         let start = Instant::now();
         let data = |shape: &[usize], seed| common::random(shape, seed);
         let (qs, ks) = ([case.batch, case.q_heads, case.q_len, case.head_dim], [case.batch, case.kv_heads, case.kv_len, case.head_dim]);
@@ -384,7 +391,12 @@ fn bench_attention(device: &CudaDevice, quick: bool, forward_only: bool) {
     let shape = kiln_kernels::flash_attention::AttentionShape { batch: 4, q_heads: 16, kv_heads: 16, q_len: 4096, kv_len: 4096, head_dim: 128 };
     let features = kiln_kernels::flash_attention::AttentionFeatures { causal: true, window: None, softcap: None, bias: false };
     let plan = kiln_kernels::flash_attention::AttentionPlan::new(&client, shape, features, DType::BF16.into()).unwrap();
-    println!("bench attention forward path (bf16 prefill): {}", if plan.tensor_cores { format!("tensor cores (mma.sync m16n8k16), {} planes per cube", plan.planes) } else { "portable".into() });
+    let wgmma = std::env::var("KILN_ATTENTION").map_or(true, |v| v != "mma");
+    println!(
+        "bench attention forward path (bf16 prefill): {}; backward: {}",
+        if wgmma { "warpgroup MMA (wgmma, sm_90a)".into() } else if plan.tensor_cores { format!("tensor cores (mma.sync m16n8k16), {} planes per cube", plan.planes) } else { "portable".into() },
+        if plan.tensor_cores { "mma.sync" } else { "portable" }
+    );
     let (head_dims, seqs): (&[usize], &[usize]) = if quick { (&[128], &[4096]) } else { (&[64, 128], &[1024, 4096, 8192, 16384]) };
     for &head_dim in head_dims {
         for &seq in seqs {

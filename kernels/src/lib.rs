@@ -10,6 +10,8 @@
 //! thread), which on the H100 held the host back behind the GPU and doubled the per-call time of
 //! small products (`benches/RESULTS.md`, 2026-11-24 eleventh session).
 
+#[cfg(feature = "cuda")]
+pub mod cuda_source;
 pub mod flash_attention;
 pub mod matmul;
 pub mod rms_norm;

@@ -60,3 +60,39 @@ where
     let flat = B::<R, F, I, BT>::float_reshape(summed, Shape::new([width]));
     B::<R, F, I, BT>::float_cast(flat, FloatDType::from(dtype))
 }
+
+/// What kiln needs to know of a tensor that lives on CubeCL's CUDA runtime.
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+
+    use burn_cubecl::{CubeRuntime, tensor::CubeTensor};
+    use cubecl::{client::ComputeClient, cuda::CudaRuntime};
+
+    /// The CUDA device index of a CubeCL tensor, if it lives on CUDA.
+    pub(crate) fn device_index<R: CubeRuntime>(t: &CubeTensor<R>) -> Option<usize> {
+        (&t.device as &dyn std::any::Any).downcast_ref::<cubecl::cuda::CudaDevice>().map(|d| d.index)
+    }
+
+    /// The tensor's client as CubeCL's CUDA client, if it is one.
+    pub(crate) fn client<R: CubeRuntime>(t: &CubeTensor<R>) -> Option<&ComputeClient<CudaRuntime>> {
+        (&t.client as &dyn std::any::Any).downcast_ref::<ComputeClient<CudaRuntime>>()
+    }
+
+    /// Compute capability `(major, minor)` of CUDA device `index` (queried once per device; CubeCL
+    /// initialized the driver when it created the device's client).
+    pub(crate) fn compute_capability(index: usize) -> Option<(i32, i32)> {
+        static CACHE: OnceLock<Mutex<HashMap<usize, Option<(i32, i32)>>>> = OnceLock::new();
+        let mut cache = CACHE.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+        *cache.entry(index).or_insert_with(|| {
+            use cudarc::driver::{result::device, sys::CUdevice_attribute as A};
+            let dev = device::get(index as i32).ok()?;
+            // SAFETY: `dev` is a valid device handle from `device::get`; the attributes are plain queries.
+            let (major, minor) = unsafe {
+                (device::get_attribute(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR).ok()?, device::get_attribute(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR).ok()?)
+            };
+            Some((major, minor))
+        })
+    }
+}

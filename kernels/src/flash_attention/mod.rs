@@ -21,6 +21,8 @@
 //! inputs accumulate in f32.
 
 mod mma;
+#[cfg(feature = "cuda")]
+pub mod wgmma;
 
 use crate::row::{RowLayout, lane_sum, plane_size_for_reduction, row_index, row_max, row_sum, vector_size_for};
 use cubecl::ir::{ElemType, FloatKind, features::{AtomicUsage, MmaConfig}};

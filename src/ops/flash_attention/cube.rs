@@ -73,6 +73,12 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashAtten
         let mut plan = plan(&q, shape, features);
         let (k, v) = if plan.tensor_cores { (copyable(k), copyable(v)) } else { (k, v) };
         plan.tensor_cores &= rows_copyable(&k) && rows_copyable(&v);
+        #[cfg(feature = "cuda")]
+        if bias.is_none() && plan.tensor_cores {
+            if let Some((output, lse)) = super::wgmma::forward(&q, &k, &v, shape, &options, plan.splits, copyable, rows_copyable) {
+                return AttentionOutput { output, lse };
+            }
+        }
         let client = q.client.clone();
         let dtype = storage(&q);
         let stats = [shape.batch, shape.q_heads, shape.q_len];

@@ -7,6 +7,8 @@ mod backward;
 mod cube;
 mod fusion;
 pub mod reference;
+#[cfg(feature = "cuda")]
+mod wgmma;
 
 use burn::tensor::{Tensor, TensorMetadata, backend::Backend, ops::FloatTensor};
 

@@ -59,7 +59,7 @@ impl Path {
 /// Whether the tensor lives on CUDA, where products that leave the skinny kernel go to cuBLASLt.
 fn on_cuda<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
     #[cfg(feature = "cuda")]
-    return cuda::cuda_index(t).is_some();
+    return crate::backend::cube::cuda::device_index(t).is_some();
     #[cfg(not(feature = "cuda"))]
     {
         let _ = t;
@@ -176,11 +176,6 @@ mod cuda {
         }
     }
 
-    /// The CUDA device index of a CubeCL tensor, if it lives on CUDA.
-    pub(super) fn cuda_index<R: CubeRuntime>(t: &CubeTensor<R>) -> Option<usize> {
-        (&t.device as &dyn std::any::Any).downcast_ref::<cubecl::cuda::CudaDevice>().map(|d| d.index)
-    }
-
     /// The product on cuBLASLt, wherever it can run. On the H100 (bf16, Llama shapes,
     /// `benches/RESULTS.md` 2026-11-23) it ran at 1.07-3.3× Burn's matmul from M = 512 up, so
     /// there is no crossover to Burn's matmul to keep.
@@ -191,7 +186,7 @@ mod cuda {
         residual: Option<&CubeTensor<R>>,
         layout: GemmLayout,
     ) -> Option<CubeTensor<R>> {
-        let index = cuda_index(lhs)?;
+        let index = crate::backend::cube::cuda::device_index(lhs)?;
         let out_shape: Shape = output_shape(&lhs.shape(), &rhs.shape(), layout)?;
         let k = if layout.transpose_lhs { lhs.shape()[1] } else { lhs.shape()[2] };
         if out_shape.num_elements() == 0 || k == 0 {
