@@ -83,7 +83,8 @@ pub(crate) mod cuda {
     /// Compute capability `(major, minor)` of CUDA device `index` (queried once per device; CubeCL
     /// initialized the driver when it created the device's client).
     pub(crate) fn compute_capability(index: usize) -> Option<(i32, i32)> {
-        static CACHE: OnceLock<Mutex<HashMap<usize, Option<(i32, i32)>>>> = OnceLock::new();
+        type Capabilities = Mutex<HashMap<usize, Option<(i32, i32)>>>;
+        static CACHE: OnceLock<Capabilities> = OnceLock::new();
         let mut cache = CACHE.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
         *cache.entry(index).or_insert_with(|| {
             use cudarc::driver::{result::device, sys::CUdevice_attribute as A};

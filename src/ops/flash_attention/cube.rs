@@ -33,14 +33,14 @@ fn plan<R: CubeRuntime>(q: &CubeTensor<R>, shape: AttentionShape, features: Atte
 
 /// Whether the tensor-core kernels can copy the rows of `t` 16 bytes at a time: unit last
 /// stride, strides of the other (non-unit) dims multiples of 8 elements, a 16-byte aligned start.
-fn rows_copyable<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
+pub(super) fn rows_copyable<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
     let (shape, strides) = (t.meta.shape(), t.meta.strides());
-    let aligned = |i: usize| shape[i] == 1 || (strides[i] * t.dtype.size()) % 16 == 0;
-    strides[3] == 1 && (0..3).all(aligned) && t.handle.offset_start.unwrap_or(0) % 16 == 0
+    let aligned = |i: usize| shape[i] == 1 || (strides[i] * t.dtype.size()).is_multiple_of(16);
+    strides[3] == 1 && (0..3).all(aligned) && t.handle.offset_start.unwrap_or(0).is_multiple_of(16)
 }
 
 /// An input as the tensor-core kernels read it (a contiguous copy when the view is not).
-fn copyable<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
+pub(super) fn copyable<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
     if rows_copyable(&t) { t } else { burn_cubecl::kernel::into_contiguous(t) }
 }
 
@@ -74,10 +74,11 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashAtten
         let (k, v) = if plan.tensor_cores { (copyable(k), copyable(v)) } else { (k, v) };
         plan.tensor_cores &= rows_copyable(&k) && rows_copyable(&v);
         #[cfg(feature = "cuda")]
-        if bias.is_none() && plan.tensor_cores {
-            if let Some((output, lse)) = super::wgmma::forward(&q, &k, &v, shape, &options, plan.splits, copyable, rows_copyable) {
-                return AttentionOutput { output, lse };
-            }
+        if bias.is_none()
+            && plan.tensor_cores
+            && let Some((output, lse)) = super::wgmma::forward(&q, &k, &v, shape, &options, plan.splits)
+        {
+            return AttentionOutput { output, lse };
         }
         let client = q.client.clone();
         let dtype = storage(&q);

@@ -11,6 +11,7 @@ use kiln_kernels::flash_attention::AttentionShape;
 use kiln_kernels::flash_attention::wgmma::{RowStrides, WgmmaArgs, WgmmaForward, launch_forward};
 
 use super::AttentionOptions;
+use super::cube::{copyable, rows_copyable};
 use crate::backend::cube::{cuda, empty_like_device};
 
 fn disabled() -> bool {
@@ -36,8 +37,6 @@ pub(super) fn forward<R: CubeRuntime>(
     shape: AttentionShape,
     options: &AttentionOptions,
     splits: usize,
-    copyable: impl Fn(CubeTensor<R>) -> CubeTensor<R>,
-    rows_copyable: impl Fn(&CubeTensor<R>) -> bool,
 ) -> Option<(CubeTensor<R>, CubeTensor<R>)> {
     let f16 = match q.dtype {
         DType::F16 => true,

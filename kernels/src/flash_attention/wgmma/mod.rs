@@ -2,8 +2,9 @@
 //! CubeCL's CUDA runtime ([`crate::cuda_source`]).
 //!
 //! It serves the common training/prefill case of the CubeCL forward (f16/bf16, head dim 64 or
-//! 128, causal or not, GQA, any lengths, a positive scale, one split) at 1.2-1.4× the speed of
-//! the `mma.sync` kernel on the H100 (`benches/RESULTS.md`, fifteenth session); softcap, window,
+//! 128, causal or not, GQA, any lengths, a positive scale, one split) at 1.5-1.9× the speed of
+//! the `mma.sync` kernel and 1.2-1.4× FlashAttention-2's on the H100 (`benches/RESULTS.md`,
+//! fifteenth session); softcap, window,
 //! bias, decoding splits and other head dims stay on the CubeCL kernels. Its output and
 //! log-sum-exp follow the same conventions, so the backward does not care which forward ran.
 
@@ -97,4 +98,46 @@ pub fn launch_forward(client: &ComputeClient<CudaRuntime>, variant: WgmmaForward
     scalars.push((scale * std::f32::consts::LOG2_E).to_bits());
     let buffers = vec![args.q.0, args.k.0, args.v.0, args.out, args.lse];
     variant.kernel().launch(client, cubes, buffers, &scalars);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The H100's opt-in shared memory per cube, and the share of one SM that leaves room for
+    /// two cubes (228 KB per SM, 1 KB reserved per cube).
+    const CUBE_LIMIT: usize = 227 * 1024;
+    const HALF_SM: usize = 113 * 1024;
+
+    #[test]
+    fn tilings_fit_the_hopper_shared_memory_they_were_measured_with() {
+        for head_dim in [64, 128] {
+            let variant = WgmmaForward { head_dim, causal: false, f16: false };
+            let (block_k, warpgroups) = variant.tiling();
+            let bytes = shared_bytes(head_dim, block_k, warpgroups);
+            assert!(bytes <= CUBE_LIMIT, "hd{head_dim}: {bytes} bytes");
+            // hd64's tiling was chosen to run two cubes per SM.
+            assert_eq!(head_dim == 64, bytes <= HALF_SM, "hd{head_dim}: {bytes} bytes");
+            assert_eq!(variant.kernel().shared_bytes, bytes);
+        }
+    }
+
+    #[test]
+    fn source_defines_every_parameter_and_the_entry_point() {
+        let text = source(&[128, 128, 2, 1, 1]);
+        for define in ["KILN_D 128", "KILN_BC 128", "KILN_WG 2", "KILN_CAUSAL 1", "KILN_F16 1", "KILN_WGMMA_TYPE \"f16\""] {
+            assert!(text.contains(&format!("#define {define}\n")), "{define}");
+        }
+        assert!(text.contains("void wgmma_rs_n128") && text.contains("kiln_attention_forward("));
+        // The shared memory the host requests is the amount the source lays out.
+        assert!(FORWARD.contains("#define KILN_SHARED_BYTES (TILE_Q_BYTES + STAGES * 2 * TILE_KV_BYTES + 1024)"));
+    }
+
+    #[test]
+    fn only_head_dims_64_and_128_with_whole_groups_are_served() {
+        let shape = |head_dim, q_heads, kv_heads| AttentionShape { batch: 1, q_heads, kv_heads, q_len: 7, kv_len: 9, head_dim };
+        assert!(WgmmaForward::supports(&shape(128, 8, 2)) && WgmmaForward::supports(&shape(64, 4, 4)));
+        assert!(!WgmmaForward::supports(&shape(96, 8, 2)) && !WgmmaForward::supports(&shape(80, 8, 2)));
+        assert!(!WgmmaForward::supports(&shape(128, 6, 4)));
+    }
 }
