@@ -30,7 +30,7 @@ def build(d, bc, wg, causal, f16):
     if key in _cache: return _cache[key]
     name = f"fa_d{d}_bc{bc}_wg{wg}_c{int(causal)}_{'f16' if f16 else 'bf16'}"
     cu = os.path.join("/tmp", name + ".cu")
-    defs = os.environ.get("EXTRA", "").replace(";", "\n") + "\n" + f'#define KILN_D {d}\n#define KILN_BC {bc}\n#define KILN_WG {wg}\n#define KILN_CAUSAL {int(causal)}\n#define KILN_F16 {int(f16)}\n#define KILN_WGMMA_TYPE "{"f16" if f16 else "bf16"}"\n'
+    defs = os.environ.get("EXTRA", "").replace(";", "\n") + "\n" + f'#define KILN_D {d}\n#define KILN_BC {bc}\n#define KILN_WG {wg}\n#define KILN_CAUSAL {int(causal)}\n#define KILN_F16 {int(f16)}\n#define KILN_WGMMA_TYPE "{"f16" if f16 else "bf16"}"\n#define KILN_EMPTY_LSE 1e30f\n'
     open(cu, "w").write(defs + open(os.path.join(SRC, "wgmma.cuh")).read() + open(os.path.join(SRC, "forward.cu")).read() + WRAP)
     cubin = cu.replace(".cu", ".cubin")
     r = subprocess.run(["nvcc", "-cubin", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", "-I", SRC, cu, "-o", cubin], capture_output=True, text=True)

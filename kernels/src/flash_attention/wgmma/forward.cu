@@ -12,6 +12,7 @@
 //   KILN_WG        warpgroups per cube; each owns 64 query rows
 //   KILN_CAUSAL    0 or 1
 //   KILN_WGMMA_TYPE "bf16" or "f16", KILN_F16 0 or 1 (the same choice)
+//   KILN_EMPTY_LSE the log-sum-exp of a row that sees no key (`EMPTY_LSE` on the Rust side)
 //
 // Work of one cube: one (batch, q head) and 64·KILN_WG query rows. Every thread helps stage
 // tiles into shared memory with 16-byte `cp.async` (three K/V stages in a ring, one tile ahead); each warpgroup
@@ -36,6 +37,7 @@ typedef unsigned short u16;
 #define TILE_KV_BYTES (KILN_BC * KILN_D * 2)
 #define S_REGS (KILN_BC / 2)
 #define O_REGS (KILN_D / 2)
+#define NEG_INF (-__int_as_float(0x7f800000))
 
 // Bytes of dynamic shared memory the launch must request (1 KB more for alignment).
 #define KILN_SHARED_BYTES (TILE_Q_BYTES + STAGES * 2 * TILE_KV_BYTES + 1024)
@@ -140,7 +142,7 @@ __device__ __forceinline__ void mask(float (&s)[S_REGS], int key0, int row0, con
 #if KILN_CAUSAL
         hidden |= key > row + (int)p.kv_len - (int)p.q_len;
 #endif
-        if (hidden) s[i] = -__int_as_float(0x7f800000);
+        if (hidden) s[i] = NEG_INF;
     }
 }
 
@@ -155,7 +157,7 @@ __device__ __forceinline__ void softmax(float (&s)[S_REGS], Rows& rows, float (&
         m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
         m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
         // With no visible key yet the max is -inf; shifting by 0 keeps every exponent -inf.
-        float shift = m == -__int_as_float(0x7f800000) ? 0.f : m;
+        float shift = m == NEG_INF ? 0.f : m;
         alpha[x] = fast_exp2(rows.max[x] - shift);
         rows.max[x] = m;
         float sum = 0.f;
@@ -251,7 +253,7 @@ __device__ __forceinline__ void attention_forward(const u16* q_all, const u16* k
     for (int i = 0; i < O_REGS; ++i) o[i] = 0.f;
     float s[S_REGS];
     u32 pr[S_REGS / 2];
-    Rows rows = {{-__int_as_float(0x7f800000), -__int_as_float(0x7f800000)}, {0.f, 0.f}};
+    Rows rows = {{NEG_INF, NEG_INF}, {0.f, 0.f}};
     float alpha[2];
 
     for (int j = 0; j < tiles; ++j) {
@@ -297,7 +299,7 @@ __device__ __forceinline__ void attention_forward(const u16* q_all, const u16* k
         u32* out = reinterpret_cast<u32*>(out_all + stat * KILN_D);
         #pragma unroll
         for (int i = 0; i < O_REGS / 4; ++i) out[i * 4 + lane % 4] = pack(o[4 * i + 2 * x] * inv, o[4 * i + 2 * x + 1] * inv);
-        if (lane % 4 == 0) lse[stat] = sum > 0.f ? rows.max[x] * 0.69314718f + __logf(sum) : 1.0e30f;
+        if (lane % 4 == 0) lse[stat] = sum > 0.f ? rows.max[x] * 0.69314718f + __logf(sum) : KILN_EMPTY_LSE;
     }
 }
 

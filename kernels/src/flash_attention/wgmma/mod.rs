@@ -12,7 +12,7 @@ use cubecl::cuda::CudaRuntime;
 use cubecl::prelude::*;
 use cubecl::server::Binding;
 
-use super::AttentionShape;
+use super::{AttentionShape, EMPTY_LSE};
 use crate::cuda_source::{CudaSourceKernel, fingerprint};
 
 const WRAPPERS: &str = include_str!("wgmma.cuh");
@@ -65,7 +65,7 @@ fn source(params: &[u32]) -> String {
     let element = if *f16 == 1 { "f16" } else { "bf16" };
     format!(
         "#define KILN_D {head_dim}\n#define KILN_BC {block_k}\n#define KILN_WG {warpgroups}\n#define KILN_CAUSAL {causal}\n\
-         #define KILN_F16 {f16}\n#define KILN_WGMMA_TYPE \"{element}\"\n{WRAPPERS}\n{FORWARD}"
+         #define KILN_F16 {f16}\n#define KILN_WGMMA_TYPE \"{element}\"\n#define KILN_EMPTY_LSE {EMPTY_LSE:?}f\n{WRAPPERS}\n{FORWARD}"
     )
 }
 
@@ -125,7 +125,7 @@ mod tests {
     #[test]
     fn source_defines_every_parameter_and_the_entry_point() {
         let text = source(&[128, 128, 2, 1, 1]);
-        for define in ["KILN_D 128", "KILN_BC 128", "KILN_WG 2", "KILN_CAUSAL 1", "KILN_F16 1", "KILN_WGMMA_TYPE \"f16\""] {
+        for define in ["KILN_D 128", "KILN_BC 128", "KILN_WG 2", "KILN_CAUSAL 1", "KILN_F16 1", "KILN_WGMMA_TYPE \"f16\"", "KILN_EMPTY_LSE 1e30f"] {
             assert!(text.contains(&format!("#define {define}\n")), "{define}");
         }
         assert!(text.contains("void wgmma_rs_n128") && text.contains("kiln_attention_forward("));
