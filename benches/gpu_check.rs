@@ -392,11 +392,8 @@ fn bench_attention(device: &CudaDevice, quick: bool, forward_only: bool) {
     let features = kiln_kernels::flash_attention::AttentionFeatures { causal: true, window: None, softcap: None, bias: false };
     let plan = kiln_kernels::flash_attention::AttentionPlan::new(&client, shape, features, DType::BF16.into()).unwrap();
     let wgmma = std::env::var("KILN_ATTENTION").map_or(true, |v| v != "mma");
-    println!(
-        "bench attention forward path (bf16 prefill): {}; backward: {}",
-        if wgmma { "warpgroup MMA (wgmma, sm_90a)".into() } else if plan.tensor_cores { format!("tensor cores (mma.sync m16n8k16), {} planes per cube", plan.planes) } else { "portable".into() },
-        if plan.tensor_cores { "mma.sync" } else { "portable" }
-    );
+    let path = if wgmma { "warpgroup MMA (wgmma, sm_90a)".into() } else if plan.tensor_cores { format!("tensor cores (mma.sync m16n8k16), {} planes per cube", plan.planes) } else { "portable".into() };
+    println!("bench attention path of forward and backward (bf16 prefill): {path}");
     let (head_dims, seqs): (&[usize], &[usize]) = if quick { (&[128], &[4096]) } else { (&[64, 128], &[1024, 4096, 8192, 16384]) };
     for &head_dim in head_dims {
         for &seq in seqs {

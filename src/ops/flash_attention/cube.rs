@@ -1,6 +1,7 @@
 //! Flash attention on CubeCL backends: planning, allocation and the split-KV merge around
 //! `kiln_kernels::flash_attention`.
 
+use burn::tensor::backend::Backend;
 use burn::tensor::{DType, FloatDType, Shape, TensorMetadata, ops::FloatTensor, ops::FloatTensorOps};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement, tensor::CubeTensor};
 use kiln_kernels::flash_attention::{
@@ -151,6 +152,17 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashAtten
         } else {
             empty_like_device(&q, q.shape(), q.dtype)
         };
+        #[cfg(feature = "cuda")]
+        if bias.is_none()
+            && plan.tensor_cores
+            && let Some((dk, dv)) = super::wgmma::backward(
+                super::wgmma::BackwardInputs { q: &q, k: &k, v: &v, d_out: &d_output, lse: &lse, delta: &delta, dq: &dq },
+                shape,
+                &options,
+            )
+        {
+            return (query_grad::<Self>(dq, &q), dk, dv);
+        }
         let dk = empty_like_device(&k, k.shape(), k.dtype);
         let dv = empty_like_device(&v, v.shape(), v.dtype);
         let bias = bias.unwrap_or_else(|| absent_bias(&q));
@@ -177,9 +189,14 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashAtten
             dk.clone().into_tensor_arg(),
             dv.clone().into_tensor_arg(),
         );
-        let dq = if plan.tensor_cores { Self::float_reshape(Self::float_cast(dq, FloatDType::from(q.dtype)), q.shape()) } else { dq };
+        let dq = if plan.tensor_cores { query_grad::<Self>(dq, &q) } else { dq };
         (dq, dk, dv)
     }
+}
+
+/// dQ from the tensor-core backwards' f32 accumulator: cast to q's dtype, in q's shape.
+fn query_grad<B: Backend>(dq: FloatTensor<B>, q: &FloatTensor<B>) -> FloatTensor<B> {
+    B::float_reshape(B::float_cast(dq, FloatDType::from(q.dtype())), q.shape())
 }
 
 /// `Σ_d a · b` per row of two `[.., d]` tensors, in f32, shaped `stats`.

@@ -21,14 +21,9 @@
 // operand layout of the next). Within an iteration the warpgroup issues `S_j = Q·K_jᵀ` and
 // `O += P_{j-1}·V_{j-1}` together, then runs the softmax of S_j.
 //
-// Shared-memory tiles are `[d / 64][rows][64]` with the 128-byte swizzle the wgmma descriptors
-// name: the 16-byte chunk `c` of row `r` sits at chunk `c ^ (r % 8)` of the row's 128 bytes.
+// Shared-memory tiles are swizzled as `common.cuh` describes.
 
-// kiln places `wgmma.cuh` (the generated MMA wrappers) before this source.
-
-typedef unsigned int u32;
-typedef unsigned long long u64;
-typedef unsigned short u16;
+// kiln places `wgmma.cuh` (the generated MMA wrappers) and `common.cuh` before this source.
 
 #define ROWS (64 * KILN_WG)
 #define THREADS (128 * KILN_WG)
@@ -37,7 +32,6 @@ typedef unsigned short u16;
 #define TILE_KV_BYTES (KILN_BC * KILN_D * 2)
 #define S_REGS (KILN_BC / 2)
 #define O_REGS (KILN_D / 2)
-#define NEG_INF (-__int_as_float(0x7f800000))
 
 // Bytes of dynamic shared memory the launch must request (1 KB more for alignment).
 #define KILN_SHARED_BYTES (TILE_Q_BYTES + STAGES * 2 * TILE_KV_BYTES + 1024)
@@ -52,69 +46,6 @@ typedef unsigned short u16;
 #else
 #define WGMMA_O wgmma_rs_n128
 #endif
-
-__device__ __forceinline__ u32 shared_address(const void* p) {
-    u32 a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
-// 16 bytes global → shared, zero-filled when `bytes` is 0.
-__device__ __forceinline__ void copy16(u32 dst, const void* src, u32 bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void copy_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-template <int N>
-__device__ __forceinline__ void copy_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-
-// Makes this thread's generic-proxy writes to shared memory (cp.async) visible to wgmma.
-__device__ __forceinline__ void async_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-// Matrix descriptor of a 128-byte-swizzled shared-memory operand.
-__device__ __forceinline__ u64 descriptor(u32 address, u32 leading_bytes, u32 stride_bytes) {
-    return (u64)((address & 0x3FFFF) >> 4) | ((u64)((leading_bytes >> 4) & 0x3FFF) << 16) |
-           ((u64)((stride_bytes >> 4) & 0x3FFF) << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ u32 pack(float lo, float hi) {
-    u32 r;
-#if KILN_F16
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-#else
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-#endif
-    return r;
-}
-
-__device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-// Stages `rows` rows of `KILN_D` elements (row stride `stride` elements) into the swizzled tile at
-// `tile`; rows at or past `valid` are zero-filled (their scores are masked, and zeros keep
-// 0·garbage out of P·V).
-template <int TILE_ROWS>
-__device__ __forceinline__ void stage(u32 tile, const u16* src, u32 stride, int valid) {
-    constexpr int CHUNKS = KILN_D / 8, TOTAL = TILE_ROWS * CHUNKS;
-    #pragma unroll
-    for (int n = 0; n < (TOTAL + THREADS - 1) / THREADS; ++n) {
-        int i = n * THREADS + threadIdx.x;
-        if (TOTAL % THREADS != 0 && i >= TOTAL) break;
-        int r = i / CHUNKS, c = i % CHUNKS;
-        bool ok = r < valid;
-        u32 dst = tile + (c / 8) * (TILE_ROWS * 128) + r * 128 + (((c % 8) ^ (r % 8)) << 4);
-        copy16(dst, src + (u64)(ok ? r : 0) * stride + c * 8, ok ? 16 : 0);
-    }
-}
 
 // Scalars of a launch (CubeCL passes them as one struct by value, after the buffers).
 struct Info {
@@ -238,10 +169,10 @@ __device__ __forceinline__ void attention_forward(const u16* q_all, const u16* k
 
     auto load = [&](int tile) {
         int key0 = tile * KILN_BC, stage_index = tile % STAGES;
-        stage<KILN_BC>(k_tile(stage_index), k + (u64)key0 * p.k_row_stride, p.k_row_stride, (int)p.kv_len - key0);
-        stage<KILN_BC>(v_tile(stage_index), v + (u64)key0 * p.v_row_stride, p.v_row_stride, (int)p.kv_len - key0);
+        stage<KILN_BC, THREADS>(k_tile(stage_index), k + (u64)key0 * p.k_row_stride, p.k_row_stride, (int)p.kv_len - key0);
+        stage<KILN_BC, THREADS>(v_tile(stage_index), v + (u64)key0 * p.v_row_stride, p.v_row_stride, (int)p.kv_len - key0);
     };
-    stage<ROWS>(q_tile, q, p.q_row_stride, (int)p.q_len - q0);
+    stage<ROWS, THREADS>(q_tile, q, p.q_row_stride, (int)p.q_len - q0);
     if (tiles > 0) load(0);
     copy_commit();
 
