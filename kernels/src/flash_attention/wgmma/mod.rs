@@ -5,7 +5,7 @@
 //! They serve the common training/prefill case of the CubeCL kernels (f16/bf16, head dim 64 or
 //! 128, causal or not, GQA, any lengths, a positive scale, one split): on the H100 the forward
 //! runs at 1.5-1.9× the `mma.sync` kernel's speed and 1.2-1.4× FlashAttention-2's, the backward
-//! at 1.1-1.3× FlashAttention-2's (`benches/RESULTS.md`, fifteenth and sixteenth sessions).
+//! at 1.03-1.15× FlashAttention-2's (`benches/RESULTS.md`, fifteenth and sixteenth sessions).
 //! Softcap, window, bias, decoding splits and other head dims stay on the CubeCL kernels. Both
 //! follow the CubeCL kernels' conventions (log-sum-exp, `EMPTY_LSE`, causal alignment), so
 //! either forward pairs with either backward.
