@@ -54,10 +54,7 @@
 // Scalars of a launch (CubeCL passes them as one struct by value, after the buffers).
 struct BackwardInfo {
     u32 q_heads, group, q_len, kv_len;
-    u32 q_batch_stride, q_head_stride, q_row_stride;  // in elements
-    u32 k_batch_stride, k_head_stride, k_row_stride;
-    u32 v_batch_stride, v_head_stride, v_row_stride;
-    u32 do_batch_stride, do_head_stride, do_row_stride;
+    RowStrides q, k, v, d_out;
     float scale;       // softmax scale
     float scale_log2;  // softmax scale · log2(e)
 };
@@ -202,10 +199,8 @@ __device__ __forceinline__ void attention_backward(const u16* q_all, const u16* 
     // Key block x = 0 sees the most queries under the causal mask: it starts first.
     const int key0 = blockIdx.x * BC;
     const u32 kv_head = blockIdx.y, batch = blockIdx.z;
-    const u16* k = k_all + (u64)batch * p.k_batch_stride + (u64)kv_head * p.k_head_stride + (u64)key0 * p.k_row_stride;
-    const u16* v = v_all + (u64)batch * p.v_batch_stride + (u64)kv_head * p.v_head_stride + (u64)key0 * p.v_row_stride;
-    stage<BC, THREADS>(k_tile, k, p.k_row_stride, (int)p.kv_len - key0);
-    stage<BC, THREADS>(v_tile, v, p.v_row_stride, (int)p.kv_len - key0);
+    stage<BC, THREADS>(k_tile, row_at(k_all, p.k, batch, kv_head, key0), p.k.row, (int)p.kv_len - key0);
+    stage<BC, THREADS>(v_tile, row_at(v_all, p.v, batch, kv_head, key0), p.v.row, (int)p.kv_len - key0);
 
     const TileRange range = tile_range(key0, p);
     const int steps = range.count * (int)p.group;
@@ -216,10 +211,8 @@ __device__ __forceinline__ void attention_backward(const u16* q_all, const u16* 
     auto load = [&](int n, int slot) {
         const u32 head = head_of(n);
         const int q0 = tile_of(n) * BR, valid = (int)p.q_len - q0;
-        const u16* q = q_all + (u64)batch * p.q_batch_stride + (u64)head * p.q_head_stride + (u64)q0 * p.q_row_stride;
-        const u16* d_out = do_all + (u64)batch * p.do_batch_stride + (u64)head * p.do_head_stride + (u64)q0 * p.do_row_stride;
-        stage<BR, THREADS>(q_tile(slot), q, p.q_row_stride, valid);
-        stage<BR, THREADS>(do_tile(slot), d_out, p.do_row_stride, valid);
+        stage<BR, THREADS>(q_tile(slot), row_at(q_all, p.q, batch, head, q0), p.q.row, valid);
+        stage<BR, THREADS>(do_tile(slot), row_at(do_all, p.d_out, batch, head, q0), p.d_out.row, valid);
         if (threadIdx.x < 2 * BR) {
             const int row = threadIdx.x % BR;
             const float* src = (threadIdx.x < BR ? lse_all : delta_all) + ((u64)batch * p.q_heads + head) * p.q_len + q0;

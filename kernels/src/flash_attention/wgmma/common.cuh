@@ -12,6 +12,17 @@ typedef unsigned short u16;
 
 #define NEG_INF (-__int_as_float(0x7f800000))
 
+// Element strides of a `[batch, heads, len, d]` operand, as a launch passes them (three 32-bit
+// words; `RowStrides` on the Rust side).
+struct RowStrides {
+    u32 batch, head, row;
+};
+
+// Row `row` of (batch, head) in an operand starting at `base`.
+__device__ __forceinline__ const u16* row_at(const u16* base, RowStrides s, u32 batch, u32 head, int row) {
+    return base + (u64)batch * s.batch + (u64)head * s.head + (u64)row * s.row;
+}
+
 __device__ __forceinline__ u32 shared_address(const void* p) {
     u32 a;
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
@@ -73,6 +84,14 @@ __device__ __forceinline__ void stage(u32 tile, const u16* src, u32 stride, int 
         u32 dst = tile + (c / 8) * (TILE_ROWS * 128) + r * 128 + (((c % 8) ^ (r % 8)) << 4);
         copy16(dst, src + (u64)(ok ? r : 0) * stride + c * 8, ok ? 16 : 0);
     }
+}
+
+// Keeps the compiler from moving reads or writes of the accumulators `d` across an asynchronous
+// MMA's wait.
+template <int N>
+__device__ __forceinline__ void fence_accumulators(float (&d)[N]) {
+    #pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 // Keeps register operands of an asynchronous MMA live up to this point (place it after the

@@ -50,9 +50,7 @@
 // Scalars of a launch (CubeCL passes them as one struct by value, after the buffers).
 struct Info {
     u32 q_heads, group, q_len, kv_len;
-    u32 q_batch_stride, q_head_stride, q_row_stride;  // in elements
-    u32 k_batch_stride, k_head_stride, k_row_stride;
-    u32 v_batch_stride, v_head_stride, v_row_stride;
+    RowStrides q, k, v;
     float scale_log2;  // softmax scale · log2(e)
 };
 
@@ -68,9 +66,9 @@ __device__ __forceinline__ void mask(float (&s)[S_REGS], int key0, int row0, con
     #pragma unroll
     for (int i = 0; i < S_REGS; ++i) {
         int key = key0 + (i / 4) * 8 + (lane % 4) * 2 + (i % 2);
-        int row = row0 + ((i / 2) % 2) * 8;
         bool hidden = key >= (int)p.kv_len;
 #if KILN_CAUSAL
+        int row = row0 + ((i / 2) % 2) * 8;
         hidden |= key > row + (int)p.kv_len - (int)p.q_len;
 #endif
         if (hidden) s[i] = NEG_INF;
@@ -152,9 +150,9 @@ __device__ __forceinline__ void attention_forward(const u16* q_all, const u16* k
     const int blocks_q = (p.q_len + ROWS - 1) / ROWS;
     const int q0 = (blocks_q - 1 - (int)blockIdx.x) * ROWS;
     const u32 head = blockIdx.y, batch = blockIdx.z, kv_head = head / p.group;
-    const u16* q = q_all + (u64)batch * p.q_batch_stride + (u64)head * p.q_head_stride + (u64)q0 * p.q_row_stride;
-    const u16* k = k_all + (u64)batch * p.k_batch_stride + (u64)kv_head * p.k_head_stride;
-    const u16* v = v_all + (u64)batch * p.v_batch_stride + (u64)kv_head * p.v_head_stride;
+    const u16* q = row_at(q_all, p.q, batch, head, q0);
+    const u16* k = row_at(k_all, p.k, batch, kv_head, 0);
+    const u16* v = row_at(v_all, p.v, batch, kv_head, 0);
 
     int kv_end = p.kv_len;
 #if KILN_CAUSAL
@@ -169,10 +167,10 @@ __device__ __forceinline__ void attention_forward(const u16* q_all, const u16* k
 
     auto load = [&](int tile) {
         int key0 = tile * KILN_BC, stage_index = tile % STAGES;
-        stage<KILN_BC, THREADS>(k_tile(stage_index), k + (u64)key0 * p.k_row_stride, p.k_row_stride, (int)p.kv_len - key0);
-        stage<KILN_BC, THREADS>(v_tile(stage_index), v + (u64)key0 * p.v_row_stride, p.v_row_stride, (int)p.kv_len - key0);
+        stage<KILN_BC, THREADS>(k_tile(stage_index), k + (u64)key0 * p.k.row, p.k.row, (int)p.kv_len - key0);
+        stage<KILN_BC, THREADS>(v_tile(stage_index), v + (u64)key0 * p.v.row, p.v.row, (int)p.kv_len - key0);
     };
-    stage<ROWS, THREADS>(q_tile, q, p.q_row_stride, (int)p.q_len - q0);
+    stage<ROWS, THREADS>(q_tile, q, p.q.row, (int)p.q_len - q0);
     if (tiles > 0) load(0);
     copy_commit();
 

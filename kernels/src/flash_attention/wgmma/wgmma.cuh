@@ -10,26 +10,6 @@ __device__ __forceinline__ void wgmma_ss_mn_n32(float (&d)[16], unsigned long lo
         : "l"(a), "l"(b), "r"(accumulate));
 }
 
-/// Keeps the compiler from moving reads or writes of `d` across an asynchronous MMA's wait.
-__device__ __forceinline__ void fence_accumulators(float (&d)[16]) {
-    asm volatile("" : "+f"(d[0]) :: "memory");
-    asm volatile("" : "+f"(d[1]) :: "memory");
-    asm volatile("" : "+f"(d[2]) :: "memory");
-    asm volatile("" : "+f"(d[3]) :: "memory");
-    asm volatile("" : "+f"(d[4]) :: "memory");
-    asm volatile("" : "+f"(d[5]) :: "memory");
-    asm volatile("" : "+f"(d[6]) :: "memory");
-    asm volatile("" : "+f"(d[7]) :: "memory");
-    asm volatile("" : "+f"(d[8]) :: "memory");
-    asm volatile("" : "+f"(d[9]) :: "memory");
-    asm volatile("" : "+f"(d[10]) :: "memory");
-    asm volatile("" : "+f"(d[11]) :: "memory");
-    asm volatile("" : "+f"(d[12]) :: "memory");
-    asm volatile("" : "+f"(d[13]) :: "memory");
-    asm volatile("" : "+f"(d[14]) :: "memory");
-    asm volatile("" : "+f"(d[15]) :: "memory");
-}
-
 /// `d (+)= A·B` for an m64n64k16 step, both operands in shared memory.
 __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], unsigned long long a, unsigned long long b, int accumulate) {
     asm volatile(
@@ -60,42 +40,6 @@ __device__ __forceinline__ void wgmma_ss_mn_n64(float (&d)[32], unsigned long lo
         : "l"(a), "l"(b), "r"(accumulate));
 }
 
-/// Keeps the compiler from moving reads or writes of `d` across an asynchronous MMA's wait.
-__device__ __forceinline__ void fence_accumulators(float (&d)[32]) {
-    asm volatile("" : "+f"(d[0]) :: "memory");
-    asm volatile("" : "+f"(d[1]) :: "memory");
-    asm volatile("" : "+f"(d[2]) :: "memory");
-    asm volatile("" : "+f"(d[3]) :: "memory");
-    asm volatile("" : "+f"(d[4]) :: "memory");
-    asm volatile("" : "+f"(d[5]) :: "memory");
-    asm volatile("" : "+f"(d[6]) :: "memory");
-    asm volatile("" : "+f"(d[7]) :: "memory");
-    asm volatile("" : "+f"(d[8]) :: "memory");
-    asm volatile("" : "+f"(d[9]) :: "memory");
-    asm volatile("" : "+f"(d[10]) :: "memory");
-    asm volatile("" : "+f"(d[11]) :: "memory");
-    asm volatile("" : "+f"(d[12]) :: "memory");
-    asm volatile("" : "+f"(d[13]) :: "memory");
-    asm volatile("" : "+f"(d[14]) :: "memory");
-    asm volatile("" : "+f"(d[15]) :: "memory");
-    asm volatile("" : "+f"(d[16]) :: "memory");
-    asm volatile("" : "+f"(d[17]) :: "memory");
-    asm volatile("" : "+f"(d[18]) :: "memory");
-    asm volatile("" : "+f"(d[19]) :: "memory");
-    asm volatile("" : "+f"(d[20]) :: "memory");
-    asm volatile("" : "+f"(d[21]) :: "memory");
-    asm volatile("" : "+f"(d[22]) :: "memory");
-    asm volatile("" : "+f"(d[23]) :: "memory");
-    asm volatile("" : "+f"(d[24]) :: "memory");
-    asm volatile("" : "+f"(d[25]) :: "memory");
-    asm volatile("" : "+f"(d[26]) :: "memory");
-    asm volatile("" : "+f"(d[27]) :: "memory");
-    asm volatile("" : "+f"(d[28]) :: "memory");
-    asm volatile("" : "+f"(d[29]) :: "memory");
-    asm volatile("" : "+f"(d[30]) :: "memory");
-    asm volatile("" : "+f"(d[31]) :: "memory");
-}
-
 /// `d (+)= A·B` for an m64n128k16 step, both operands in shared memory.
 __device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], unsigned long long a, unsigned long long b, int accumulate) {
     asm volatile(
@@ -114,72 +58,4 @@ __device__ __forceinline__ void wgmma_rs_n128(float (&d)[64], unsigned a0, unsig
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
-}
-
-/// Keeps the compiler from moving reads or writes of `d` across an asynchronous MMA's wait.
-__device__ __forceinline__ void fence_accumulators(float (&d)[64]) {
-    asm volatile("" : "+f"(d[0]) :: "memory");
-    asm volatile("" : "+f"(d[1]) :: "memory");
-    asm volatile("" : "+f"(d[2]) :: "memory");
-    asm volatile("" : "+f"(d[3]) :: "memory");
-    asm volatile("" : "+f"(d[4]) :: "memory");
-    asm volatile("" : "+f"(d[5]) :: "memory");
-    asm volatile("" : "+f"(d[6]) :: "memory");
-    asm volatile("" : "+f"(d[7]) :: "memory");
-    asm volatile("" : "+f"(d[8]) :: "memory");
-    asm volatile("" : "+f"(d[9]) :: "memory");
-    asm volatile("" : "+f"(d[10]) :: "memory");
-    asm volatile("" : "+f"(d[11]) :: "memory");
-    asm volatile("" : "+f"(d[12]) :: "memory");
-    asm volatile("" : "+f"(d[13]) :: "memory");
-    asm volatile("" : "+f"(d[14]) :: "memory");
-    asm volatile("" : "+f"(d[15]) :: "memory");
-    asm volatile("" : "+f"(d[16]) :: "memory");
-    asm volatile("" : "+f"(d[17]) :: "memory");
-    asm volatile("" : "+f"(d[18]) :: "memory");
-    asm volatile("" : "+f"(d[19]) :: "memory");
-    asm volatile("" : "+f"(d[20]) :: "memory");
-    asm volatile("" : "+f"(d[21]) :: "memory");
-    asm volatile("" : "+f"(d[22]) :: "memory");
-    asm volatile("" : "+f"(d[23]) :: "memory");
-    asm volatile("" : "+f"(d[24]) :: "memory");
-    asm volatile("" : "+f"(d[25]) :: "memory");
-    asm volatile("" : "+f"(d[26]) :: "memory");
-    asm volatile("" : "+f"(d[27]) :: "memory");
-    asm volatile("" : "+f"(d[28]) :: "memory");
-    asm volatile("" : "+f"(d[29]) :: "memory");
-    asm volatile("" : "+f"(d[30]) :: "memory");
-    asm volatile("" : "+f"(d[31]) :: "memory");
-    asm volatile("" : "+f"(d[32]) :: "memory");
-    asm volatile("" : "+f"(d[33]) :: "memory");
-    asm volatile("" : "+f"(d[34]) :: "memory");
-    asm volatile("" : "+f"(d[35]) :: "memory");
-    asm volatile("" : "+f"(d[36]) :: "memory");
-    asm volatile("" : "+f"(d[37]) :: "memory");
-    asm volatile("" : "+f"(d[38]) :: "memory");
-    asm volatile("" : "+f"(d[39]) :: "memory");
-    asm volatile("" : "+f"(d[40]) :: "memory");
-    asm volatile("" : "+f"(d[41]) :: "memory");
-    asm volatile("" : "+f"(d[42]) :: "memory");
-    asm volatile("" : "+f"(d[43]) :: "memory");
-    asm volatile("" : "+f"(d[44]) :: "memory");
-    asm volatile("" : "+f"(d[45]) :: "memory");
-    asm volatile("" : "+f"(d[46]) :: "memory");
-    asm volatile("" : "+f"(d[47]) :: "memory");
-    asm volatile("" : "+f"(d[48]) :: "memory");
-    asm volatile("" : "+f"(d[49]) :: "memory");
-    asm volatile("" : "+f"(d[50]) :: "memory");
-    asm volatile("" : "+f"(d[51]) :: "memory");
-    asm volatile("" : "+f"(d[52]) :: "memory");
-    asm volatile("" : "+f"(d[53]) :: "memory");
-    asm volatile("" : "+f"(d[54]) :: "memory");
-    asm volatile("" : "+f"(d[55]) :: "memory");
-    asm volatile("" : "+f"(d[56]) :: "memory");
-    asm volatile("" : "+f"(d[57]) :: "memory");
-    asm volatile("" : "+f"(d[58]) :: "memory");
-    asm volatile("" : "+f"(d[59]) :: "memory");
-    asm volatile("" : "+f"(d[60]) :: "memory");
-    asm volatile("" : "+f"(d[61]) :: "memory");
-    asm volatile("" : "+f"(d[62]) :: "memory");
-    asm volatile("" : "+f"(d[63]) :: "memory");
 }
