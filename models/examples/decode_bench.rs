@@ -1,0 +1,106 @@
+//! Prefill and decode speed of a randomly initialized model of a real checkpoint's shape
+//! (Qwen2.5-0.5B, Llama-3.2-1B, or a tiny one for a CPU smoke run): prefill tokens/s at a context,
+//! then greedy decode tokens/s at batch 1 over that context, each step's token read back as in
+//! real generation. The GPU check runs it next to `benches/peers/decode.py` (transformers).
+//!
+//! `cargo run --release -p kiln-models --features cuda --example decode_bench -- --shape qwen2.5-0.5b`
+
+use std::time::Instant;
+
+use burn::tensor::{FloatDType, Int, Tensor, TensorData};
+use clap::Parser;
+use kiln::KilnBackend;
+use kiln_models::loader::RandomInit;
+use kiln_models::model::build::build;
+use kiln_models::runtime::{OnBackend, dispatch};
+use kiln_models::{DecoderConfig, GenerationConfig};
+
+#[derive(Parser, Debug, Clone)]
+struct Args {
+    /// qwen2.5-0.5b, llama3.2-1b or tiny.
+    #[arg(long, default_value = "qwen2.5-0.5b")]
+    shape: String,
+    /// Prompt length (prefill) and the context decoding runs over.
+    #[arg(long, default_value_t = 2048)]
+    context: usize,
+    /// Tokens decoded after the prefill.
+    #[arg(long, default_value_t = 128)]
+    new: usize,
+    /// Timed repetitions (the first run also warms up kernels and autotuning).
+    #[arg(long, default_value_t = 2)]
+    repeats: usize,
+    /// auto, cuda, wgpu or cpu.
+    #[arg(long, default_value = "auto")]
+    device: String,
+    /// bf16 (default) or f32.
+    #[arg(long, default_value = "bf16")]
+    dtype: String,
+}
+
+fn shape(name: &str) -> Option<DecoderConfig> {
+    Some(match name {
+        "qwen2.5-0.5b" => DecoderConfig::new(151_936, 896, 4864, 24, 14, 2, 64)
+            .with_rope_theta(1e6)
+            .with_qkv_bias(true)
+            .with_tie_embeddings(true)
+            .with_rms_norm_eps(1e-6),
+        "llama3.2-1b" => DecoderConfig::new(128_256, 2048, 8192, 16, 32, 8, 64)
+            .with_rope_theta(500_000.0)
+            .with_tie_embeddings(true)
+            .with_rms_norm_eps(1e-5),
+        "tiny" => DecoderConfig::new(512, 64, 128, 2, 4, 2, 16),
+        _ => return None,
+    })
+}
+
+impl OnBackend for Args {
+    type Output = ();
+
+    fn run<B: KilnBackend>(self, device: B::Device, name: &str) {
+        let dtype = if self.dtype == "f32" { FloatDType::F32 } else { FloatDType::BF16 };
+        let config = shape(&self.shape).unwrap_or_else(|| panic!("unknown shape {}", self.shape)).with_max_positions(self.context + self.new);
+        let model = build::<B, _, _>(&config, &mut RandomInit { std: 0.02, dtype }, &device, |_, l| l).expect("random init");
+        println!("decode_bench {} on {name}: {} parameters, {:?}, context {}, new {}", self.shape, config.num_params(), dtype, self.context, self.new);
+        let prompt: Vec<u32> = (0..self.context).map(|i| ((i * 7919 + 13) % config.vocab_size) as u32).collect();
+        for round in 0..self.repeats {
+            // Prefill alone: the prompt's forward and its last logits, read back.
+            let ids: Vec<i64> = prompt.iter().map(|&t| t as i64).collect();
+            let tokens = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, prompt.len()]), &device);
+            let start = Instant::now();
+            let mut cache = model.new_cache(1, self.context + self.new);
+            let hidden = model.hidden(tokens, Some(&mut cache), None);
+            let _ = model.last_logits(hidden).argmax(1).into_data();
+            let prefill = start.elapsed().as_secs_f64();
+            drop(cache);
+            // Prefill + decode through the generator (greedy, ids read back each step).
+            let config = GenerationConfig { max_new_tokens: self.new, ..GenerationConfig::default() };
+            let start = Instant::now();
+            let mut steps = model.generate(std::slice::from_ref(&prompt), config);
+            steps.next();
+            let first = Instant::now();
+            let decoded = steps.count();
+            let decode = first.elapsed().as_secs_f64();
+            println!(
+                "round {round}: prefill {} tokens {:.2} ms ({:.0} tokens/s); decode {decoded} tokens {:.2} ms ({:.1} tokens/s, {:.0} us/token); generate's first step {:.2} ms",
+                prompt.len(),
+                prefill * 1e3,
+                prompt.len() as f64 / prefill,
+                decode * 1e3,
+                decoded as f64 / decode,
+                decode * 1e6 / decoded.max(1) as f64,
+                (first - start).as_secs_f64() * 1e3,
+            );
+        }
+        let weights = config.num_params() * if dtype == FloatDType::F32 { 4 } else { 2 };
+        let kv = config.kv_cache_bytes(1, self.context + self.new, if dtype == FloatDType::F32 { 4 } else { 2 });
+        println!("weights {:.3} GB, KV cache {:.3} GB", weights as f64 / 1e9, kv as f64 / 1e9);
+    }
+}
+
+fn main() {
+    let args = Args::parse();
+    if let Err(message) = dispatch(&args.device.clone(), args) {
+        eprintln!("decode_bench: {message}");
+        std::process::exit(2);
+    }
+}

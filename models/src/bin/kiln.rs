@@ -1,0 +1,244 @@
+//! `kiln`: run HF Llama/Qwen/Mistral checkpoints on kiln's kernels.
+//!
+//! - `kiln generate --model DIR --prompt TEXT [--chat]` streams the continuation and ends with
+//!   prefill and decode tokens/s.
+//! - `kiln info DIR` prints the config, the parameter count and the memory it needs.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use burn::tensor::FloatDType;
+use clap::{Parser, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use kiln::KilnBackend;
+use kiln_models::config::from_hf_json;
+use kiln_models::loader::SafetensorsSource;
+use kiln_models::model::build::build;
+use kiln_models::runtime::{OnBackend, dispatch};
+use kiln_models::tokenizer::TextStream;
+use kiln_models::{GenerationConfig, Message, SamplingConfig, Tokenizer};
+
+#[derive(Parser)]
+#[command(name = "kiln", about = "Run HF Llama, Qwen and Mistral checkpoints on kiln's fused kernels")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt, streaming it as it comes.
+    Generate(GenerateArgs),
+    /// Print a checkpoint's config, parameter count and memory.
+    Info {
+        /// Model directory (config.json + safetensors).
+        model: PathBuf,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Dtype {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl From<Dtype> for FloatDType {
+    fn from(d: Dtype) -> Self {
+        match d {
+            Dtype::F32 => FloatDType::F32,
+            Dtype::F16 => FloatDType::F16,
+            Dtype::Bf16 => FloatDType::BF16,
+        }
+    }
+}
+
+#[derive(clap::Args)]
+struct GenerateArgs {
+    /// Model directory: config.json, safetensors (single or sharded), tokenizer.json.
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long)]
+    prompt: String,
+    /// Wrap the prompt as a user message in the model's chat template.
+    #[arg(long)]
+    chat: bool,
+    /// A system message (with --chat).
+    #[arg(long)]
+    system: Option<String>,
+    #[arg(long, default_value_t = 128)]
+    max_new_tokens: usize,
+    /// 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f64,
+    #[arg(long)]
+    top_k: Option<usize>,
+    #[arg(long)]
+    top_p: Option<f64>,
+    #[arg(long)]
+    min_p: Option<f64>,
+    #[arg(long)]
+    repetition_penalty: Option<f64>,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Stop when the text contains this string (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+    /// auto, cuda, wgpu or cpu.
+    #[arg(long, default_value = "auto")]
+    device: String,
+    /// Dtype the weights are loaded in (default: bf16 on CUDA, f32 elsewhere).
+    #[arg(long, value_enum)]
+    dtype: Option<Dtype>,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Info { model } => info(&model),
+        Command::Generate(args) => {
+            let device = args.device.clone();
+            dispatch(&device, args).and_then(|r| r)
+        }
+    };
+    if let Err(message) = result {
+        eprintln!("kiln: {message}");
+        std::process::exit(1);
+    }
+}
+
+fn info(dir: &Path) -> Result<(), String> {
+    let (family, config) = from_hf_json(dir).map_err(|e| e.to_string())?;
+    let source = SafetensorsSource::open(dir, FloatDType::F32).map_err(|e| e.to_string())?;
+    let params = config.num_params();
+    println!("family: {family:?}");
+    println!("{config}");
+    println!("parameters: {params} ({:.3} B)", params as f64 / 1e9);
+    println!("checkpoint: {:.3} GB of tensors", source.total_bytes() as f64 / 1e9);
+    for (name, bytes) in [("f32", 4), ("bf16/f16", 2)] {
+        println!(
+            "memory in {name}: weights {:.3} GB, KV cache {:.3} GB per 1k tokens of one sequence",
+            (params * bytes) as f64 / 1e9,
+            config.kv_cache_bytes(1, 1024, bytes) as f64 / 1e9
+        );
+    }
+    Ok(())
+}
+
+impl OnBackend for GenerateArgs {
+    type Output = Result<(), String>;
+
+    fn run<B: KilnBackend>(self, device: B::Device, name: &str) -> Result<(), String> {
+        eprintln!("kiln: running on {name}");
+        let is_cuda = name.starts_with("CUDA");
+        let dtype: FloatDType = self.dtype.map(Into::into).unwrap_or(if is_cuda { FloatDType::BF16 } else { FloatDType::F32 });
+        let tokenizer = Tokenizer::from_dir(&self.model).map_err(|e| e.to_string())?;
+        let prompt = if self.chat {
+            let mut messages: Vec<Message> = self.system.iter().map(|s| Message::new("system", s.clone())).collect();
+            messages.push(Message::new("user", self.prompt.clone()));
+            tokenizer.encode_chat(&messages, true)
+        } else {
+            tokenizer.encode(&self.prompt, true)
+        }
+        .map_err(|e| e.to_string())?;
+        let (_, config) = from_hf_json(&self.model).map_err(|e| e.to_string())?;
+        let config = config.with_max_positions(prompt.len() + self.max_new_tokens);
+        let model = {
+            let mut source = SafetensorsSource::open(&self.model, dtype).map_err(|e| e.to_string())?;
+            let bar = ProgressBar::new(source.total_bytes());
+            bar.set_style(ProgressStyle::with_template("loading {bar:40} {bytes}/{total_bytes} {elapsed}").map_err(|e| e.to_string())?);
+            let tick = bar.clone();
+            source = source.with_progress(move |bytes| tick.inc(bytes));
+            let model = build::<B, _, _>(&config, &mut source, &device, |_, l| l).map_err(|e| e.to_string())?;
+            bar.finish_and_clear();
+            model
+        };
+        let mut stop_tokens = config.eos_token_ids.clone();
+        stop_tokens.extend(["<|eot_id|>", "<|im_end|>", "<|end_of_text|>", "<|endoftext|>"].iter().filter_map(|t| tokenizer.token_id(t)));
+        let generation = GenerationConfig {
+            max_new_tokens: self.max_new_tokens,
+            sampling: SamplingConfig {
+                temperature: self.temperature,
+                top_k: self.top_k,
+                top_p: self.top_p,
+                min_p: self.min_p,
+                repetition_penalty: self.repetition_penalty,
+                seed: self.seed,
+            },
+            stop_tokens,
+            pad_token: 0,
+        };
+        generation.sampling.validate()?;
+        let start = Instant::now();
+        let mut first = None;
+        let mut count = 0usize;
+        let mut stream = TextStream::default();
+        let mut printer = StopPrinter::new(self.stop.clone());
+        for step in model.generate(std::slice::from_ref(&prompt), generation) {
+            first.get_or_insert_with(Instant::now);
+            let Some(id) = step[0] else { break };
+            count += 1;
+            if printer.push(&stream.push(&tokenizer, id).map_err(|e| e.to_string())?) {
+                break;
+            }
+        }
+        printer.finish();
+        println!();
+        let end = Instant::now();
+        let prefill = first.map_or(end - start, |f| f - start).as_secs_f64();
+        let decode = first.map_or(0.0, |f| (end - f).as_secs_f64());
+        eprintln!(
+            "prefill: {} tokens in {:.1} ms ({:.1} tokens/s); decode: {} tokens in {:.1} ms ({:.1} tokens/s)",
+            prompt.len(),
+            prefill * 1e3,
+            prompt.len() as f64 / prefill,
+            count.saturating_sub(1),
+            decode * 1e3,
+            count.saturating_sub(1) as f64 / decode.max(1e-9)
+        );
+        Ok(())
+    }
+}
+
+/// Prints streamed text, ending it at the first stop string and never printing a stop string's
+/// beginning that might still complete.
+struct StopPrinter {
+    stops: Vec<String>,
+    text: String,
+    printed: usize,
+}
+
+impl StopPrinter {
+    fn new(stops: Vec<String>) -> Self {
+        Self { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), text: String::new(), printed: 0 }
+    }
+
+    /// Adds a piece; returns whether a stop string was reached.
+    fn push(&mut self, piece: &str) -> bool {
+        self.text += piece;
+        if let Some(cut) = self.stops.iter().filter_map(|s| self.text.find(s.as_str())).min() {
+            self.text.truncate(cut);
+            return true;
+        }
+        let hold = self.stops.iter().map(|s| s.len() - 1).max().unwrap_or(0);
+        let mut end = self.text.len().saturating_sub(hold).max(self.printed);
+        while !self.text.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.print_to(end);
+        false
+    }
+
+    fn print_to(&mut self, end: usize) {
+        if end > self.printed {
+            print!("{}", &self.text[self.printed..end]);
+            std::io::stdout().flush().ok();
+            self.printed = end;
+        }
+    }
+
+    fn finish(&mut self) {
+        self.print_to(self.text.len());
+    }
+}

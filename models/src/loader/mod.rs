@@ -1,0 +1,96 @@
+//! Where a model's parameters come from: a checkpoint (HF safetensors) or random initialization.
+//! The decoder is built by one function that asks a [`ParamSource`] for each parameter by its HF
+//! name, so every format and the random init share the model's construction.
+
+mod safetensors;
+
+use burn::tensor::{Distribution, FloatDType, Tensor, TensorData, backend::Backend};
+
+pub use self::safetensors::SafetensorsSource;
+use crate::error::Result;
+
+/// What a parameter is, which decides its layout in the file and its random initialization.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParamKind {
+    /// A linear weight: HF stores `[out, in]`, the module keeps Burn's `[in, out]`.
+    Linear,
+    /// A bias (random init: zeros).
+    Bias,
+    /// An RMSNorm scale (random init: ones).
+    Norm,
+    /// The token embedding `[vocab, hidden]`.
+    Embedding,
+}
+
+/// A provider of named parameters in the module's layout (`shape`) and dtype.
+pub trait ParamSource {
+    fn param<B: Backend, const D: usize>(
+        &mut self,
+        name: &str,
+        shape: [usize; D],
+        kind: ParamKind,
+        device: &B::Device,
+    ) -> Result<Tensor<B, D>>;
+
+    /// Whether the source holds `name` (e.g. `lm_head.weight` in a checkpoint with untied heads).
+    fn contains(&self, name: &str) -> bool;
+}
+
+/// Fresh parameters as HF initializes them: weights and embeddings from N(0, std²), biases 0,
+/// norm scales 1.
+#[derive(Debug, Clone)]
+pub struct RandomInit {
+    pub std: f64,
+    pub dtype: FloatDType,
+}
+
+impl Default for RandomInit {
+    fn default() -> Self {
+        Self { std: 0.02, dtype: FloatDType::F32 }
+    }
+}
+
+impl ParamSource for RandomInit {
+    fn param<B: Backend, const D: usize>(&mut self, _: &str, shape: [usize; D], kind: ParamKind, device: &B::Device) -> Result<Tensor<B, D>> {
+        let t: Tensor<B, D> = match kind {
+            ParamKind::Linear | ParamKind::Embedding => Tensor::random(shape, Distribution::Normal(0.0, self.std), device),
+            ParamKind::Bias => Tensor::zeros(shape, device),
+            ParamKind::Norm => Tensor::ones(shape, device),
+        };
+        Ok(t.cast(self.dtype))
+    }
+
+    fn contains(&self, _: &str) -> bool {
+        true
+    }
+}
+
+/// `[rows, cols]` row-major elements of `size` bytes → `[cols, rows]`.
+pub(crate) fn transpose_bytes(bytes: &[u8], rows: usize, cols: usize, size: usize) -> Vec<u8> {
+    let mut out = vec![0u8; bytes.len()];
+    for (r, row) in bytes.chunks_exact(cols * size).enumerate() {
+        for (c, element) in row.chunks_exact(size).enumerate() {
+            let at = (c * rows + r) * size;
+            out[at..at + size].copy_from_slice(element);
+        }
+    }
+    out
+}
+
+/// Upload host data in `dtype` (converted on the host if stored otherwise).
+pub(crate) fn upload<B: Backend, const D: usize>(data: TensorData, dtype: FloatDType, device: &B::Device) -> Tensor<B, D> {
+    Tensor::from_data(data.convert_dtype(dtype.into()), (device, burn::tensor::DType::from(dtype)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::transpose_bytes;
+
+    #[test]
+    fn transposes_rows_and_columns() {
+        // [[1, 2, 3], [4, 5, 6]] as u16 → [[1, 4], [2, 5], [3, 6]]
+        let bytes: Vec<u8> = [1u16, 2, 3, 4, 5, 6].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let out: Vec<u16> = transpose_bytes(&bytes, 2, 3, 2).chunks(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
+        assert_eq!(out, [1, 4, 2, 5, 3, 6]);
+    }
+}

@@ -1,0 +1,193 @@
+//! The decoder: one module for every family, generic over its linear layers (see
+//! [`projection`]), built from any [`ParamSource`](crate::loader::ParamSource).
+
+mod attention;
+pub mod build;
+pub mod projection;
+
+use burn::module::Module;
+use burn::nn::Embedding;
+use burn::tensor::{DType, Int, Tensor, backend::Backend, s};
+use kiln::KilnBackend;
+use kiln::nn::{Linear, RmsNorm};
+use kiln::ops::{RopeTable, swiglu};
+
+pub use attention::{Attention, LayerCache, Step};
+pub use projection::Projection;
+
+use crate::config::DecoderConfig;
+
+/// A decoder with kiln's float [`Linear`] layers.
+pub type FloatDecoder<B> = Decoder<B, Linear<B>>;
+
+/// Pre-norm block: `h = x + attn(norm₁(x)); y = h + mlp(norm₂(h))`, each residual add fused into
+/// the RMSNorm that follows it.
+#[derive(Module, Debug)]
+pub struct DecoderLayer<B: Backend, L: Module<B>> {
+    pub input_layernorm: RmsNorm<B>,
+    pub self_attn: Attention<B, L>,
+    pub post_attention_layernorm: RmsNorm<B>,
+    pub gate_proj: L,
+    pub up_proj: L,
+    pub down_proj: L,
+}
+
+#[derive(Module, Debug)]
+pub struct Decoder<B: Backend, L: Module<B>> {
+    pub embed_tokens: Embedding<B>,
+    pub layers: Vec<DecoderLayer<B, L>>,
+    pub norm: RmsNorm<B>,
+    /// The output head; `None` when tied to the embedding.
+    pub lm_head: Option<Linear<B>>,
+    pub rope: RopeTable<B>,
+    #[module(skip)]
+    pub config: DecoderConfig,
+}
+
+/// The KV caches of all layers and the number of positions they hold.
+#[derive(Debug, Clone)]
+pub struct DecoderCache<B: Backend> {
+    layers: Vec<LayerCache<B>>,
+    len: usize,
+    capacity: usize,
+}
+
+impl<B: Backend> DecoderCache<B> {
+    /// Positions stored (the position of the next token).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+}
+
+impl<B: Backend, L: Module<B>> Decoder<B, L> {
+    /// An empty cache for `batch` sequences of up to `capacity` positions, in the model's dtype.
+    ///
+    /// # Panics
+    /// If `capacity` exceeds the RoPE tables' positions (`config.max_positions`).
+    pub fn new_cache(&self, batch: usize, capacity: usize) -> DecoderCache<B> {
+        let c = &self.config;
+        assert!(
+            capacity <= self.rope.max_positions(),
+            "kiln-models: cache capacity {capacity} exceeds the model's {} RoPE positions (raise max_positions)",
+            self.rope.max_positions()
+        );
+        let device = self.embed_tokens.weight.device();
+        let shape = [batch, c.num_kv_heads, capacity, c.head_dim];
+        let layers = (0..c.num_layers).map(|_| LayerCache::new(shape, self.dtype(), &device)).collect();
+        DecoderCache { layers, len: 0, capacity }
+    }
+
+    /// The dtype of the activations (the embedding's).
+    pub fn dtype(&self) -> DType {
+        self.embed_tokens.weight.val().dtype()
+    }
+
+    /// Replaces every linear of the attention and MLP blocks with `f(name, layer)`, `name` being
+    /// its HF module path (`model.layers.3.self_attn.q_proj`, `model.layers.3.mlp.down_proj`).
+    pub fn map_linears<L2: Module<B>>(self, mut f: impl FnMut(&str, L) -> L2) -> Decoder<B, L2> {
+        let layers = self
+            .layers
+            .into_iter()
+            .enumerate()
+            .map(|(i, layer)| {
+                let mut map = |part: &str, l: L| f(&format!("model.layers.{i}.{part}"), l);
+                let a = layer.self_attn;
+                DecoderLayer {
+                    input_layernorm: layer.input_layernorm,
+                    self_attn: Attention {
+                        q_proj: map("self_attn.q_proj", a.q_proj),
+                        k_proj: map("self_attn.k_proj", a.k_proj),
+                        v_proj: map("self_attn.v_proj", a.v_proj),
+                        o_proj: map("self_attn.o_proj", a.o_proj),
+                        q_norm: a.q_norm,
+                        k_norm: a.k_norm,
+                        num_heads: a.num_heads,
+                        num_kv_heads: a.num_kv_heads,
+                        head_dim: a.head_dim,
+                        window: a.window,
+                    },
+                    post_attention_layernorm: layer.post_attention_layernorm,
+                    gate_proj: map("mlp.gate_proj", layer.gate_proj),
+                    up_proj: map("mlp.up_proj", layer.up_proj),
+                    down_proj: map("mlp.down_proj", layer.down_proj),
+                }
+            })
+            .collect();
+        Decoder { embed_tokens: self.embed_tokens, layers, norm: self.norm, lm_head: self.lm_head, rope: self.rope, config: self.config }
+    }
+}
+
+impl<B: KilnBackend, L: Projection<B>> DecoderLayer<B, L> {
+    /// `delta` is the previous block's output not yet added to `residual`; returns this block's
+    /// MLP output (not yet added) and the residual stream.
+    fn forward(&self, delta: Option<Tensor<B, 3>>, residual: Tensor<B, 3>, step: &Step<'_, B>, cache: Option<&mut LayerCache<B>>) -> (Tensor<B, 3>, Tensor<B, 3>) {
+        let (normed, residual) = match delta {
+            Some(delta) => self.input_layernorm.forward_residual(delta, residual),
+            None => (self.input_layernorm.forward(residual.clone()), residual),
+        };
+        let attended = self.self_attn.forward(normed, step, cache);
+        let (normed, residual) = self.post_attention_layernorm.forward_residual(attended, residual);
+        let gated = swiglu(self.gate_proj.forward(normed.clone()), self.up_proj.forward(normed));
+        (self.down_proj.forward(gated), residual)
+    }
+}
+
+impl<B: KilnBackend, L: Projection<B>> Decoder<B, L> {
+    /// Logits `[batch, seq, vocab]` of every position (training, scoring).
+    pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        self.logits(self.hidden(tokens, None, None))
+    }
+
+    /// The final normed hidden states `[batch, seq, hidden]`. With a cache, `tokens` follow the
+    /// positions it holds and their keys/values are appended; `mask` (`[batch, 1, seq, kv_len]`,
+    /// added to the attention logits) masks padding.
+    ///
+    /// # Panics
+    /// If the cache cannot hold the new tokens.
+    pub fn hidden(&self, tokens: Tensor<B, 2, Int>, mut cache: Option<&mut DecoderCache<B>>, mask: Option<Tensor<B, 4>>) -> Tensor<B, 3> {
+        let seq = tokens.dims()[1];
+        let offset = cache.as_ref().map_or(0, |c| c.len);
+        if let Some(c) = cache.as_ref() {
+            assert!(offset + seq <= c.capacity, "kiln-models: {} positions exceed the cache capacity {}", offset + seq, c.capacity);
+        }
+        let step = Step { rope: &self.rope, offset, mask };
+        let mut residual = self.embed_tokens.forward(tokens);
+        let mut delta = None;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let layer_cache = cache.as_mut().map(|c| &mut c.layers[i]);
+            let (d, r) = layer.forward(delta, residual, &step, layer_cache);
+            delta = Some(d);
+            residual = r;
+        }
+        if let Some(c) = cache {
+            c.len += seq;
+        }
+        match delta {
+            Some(delta) => self.norm.forward_residual(delta, residual).0,
+            None => self.norm.forward(residual),
+        }
+    }
+
+    /// Logits of hidden states through the output head (the embedding, transposed, when tied).
+    pub fn logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
+        match &self.lm_head {
+            Some(head) => head.forward(hidden),
+            None => kiln::ops::linear(hidden, self.embed_tokens.weight.val().transpose(), None),
+        }
+    }
+
+    /// Logits `[batch, vocab]` of the last position only (what generation needs).
+    pub fn last_logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 2> {
+        let [batch, seq, width] = hidden.dims();
+        let last = hidden.slice(s![.., seq - 1..seq, ..]).reshape([batch, 1, width]);
+        self.logits(last).reshape([batch, self.config.vocab_size])
+    }
+}
