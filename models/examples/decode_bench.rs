@@ -68,7 +68,7 @@ impl OnBackend for Args {
             let tokens = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, prompt.len()]), &device);
             let start = Instant::now();
             let mut cache = model.new_cache(1, self.context + self.new);
-            let hidden = model.hidden(tokens, Some(&mut cache), None);
+            let hidden = model.hidden(tokens, Some(&mut cache), &[]);
             let _ = model.last_logits(hidden).argmax(1).into_data();
             let prefill = start.elapsed().as_secs_f64();
             drop(cache);

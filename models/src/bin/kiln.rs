@@ -13,11 +13,13 @@ use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln::KilnBackend;
 use kiln_models::config::from_hf_json;
-use kiln_models::loader::SafetensorsSource;
+use kiln_models::generation::StopStrings;
+use kiln_models::gguf::GgufFile;
+use kiln_models::loader::{SafetensorsSource, config_from_gguf};
 use kiln_models::model::build::build;
 use kiln_models::runtime::{OnBackend, dispatch};
 use kiln_models::tokenizer::TextStream;
-use kiln_models::{GenerationConfig, Message, SamplingConfig, Tokenizer};
+use kiln_models::{FloatDecoder, GenerationConfig, LoadOptions, Message, SamplingConfig, Tokenizer, load};
 
 #[derive(Parser)]
 #[command(name = "kiln", about = "Run HF Llama, Qwen and Mistral checkpoints on kiln's fused kernels")]
@@ -32,7 +34,7 @@ enum Command {
     Generate(GenerateArgs),
     /// Print a checkpoint's config, parameter count and memory.
     Info {
-        /// Model directory (config.json + safetensors).
+        /// Model directory (config.json + safetensors) or a .gguf file.
         model: PathBuf,
     },
 }
@@ -56,7 +58,7 @@ impl From<Dtype> for FloatDType {
 
 #[derive(clap::Args)]
 struct GenerateArgs {
-    /// Model directory: config.json, safetensors (single or sharded), tokenizer.json.
+    /// Model directory (config.json, safetensors single or sharded, tokenizer.json) or a .gguf file.
     #[arg(long)]
     model: PathBuf,
     #[arg(long)]
@@ -108,14 +110,26 @@ fn main() {
     }
 }
 
-fn info(dir: &Path) -> Result<(), String> {
-    let (family, config) = from_hf_json(dir).map_err(|e| e.to_string())?;
-    let source = SafetensorsSource::open(dir, FloatDType::F32).map_err(|e| e.to_string())?;
+fn is_gguf(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "gguf")
+}
+
+fn info(path: &Path) -> Result<(), String> {
+    let (family, config, stored) = if is_gguf(path) {
+        let file = GgufFile::open(path).map_err(|e| e.to_string())?;
+        let (family, config) = config_from_gguf(&file).map_err(|e| e.to_string())?;
+        let bytes: usize = file.tensors().iter().map(|t| t.n_bytes).sum();
+        (family, config, bytes as u64)
+    } else {
+        let (family, config) = from_hf_json(path).map_err(|e| e.to_string())?;
+        let source = SafetensorsSource::open(path, FloatDType::F32).map_err(|e| e.to_string())?;
+        (family, config, source.total_bytes())
+    };
     let params = config.num_params();
     println!("family: {family:?}");
     println!("{config}");
     println!("parameters: {params} ({:.3} B)", params as f64 / 1e9);
-    println!("checkpoint: {:.3} GB of tensors", source.total_bytes() as f64 / 1e9);
+    println!("checkpoint: {:.3} GB of tensors", stored as f64 / 1e9);
     for (name, bytes) in [("f32", 4), ("bf16/f16", 2)] {
         println!(
             "memory in {name}: weights {:.3} GB, KV cache {:.3} GB per 1k tokens of one sequence",
@@ -133,7 +147,12 @@ impl OnBackend for GenerateArgs {
         eprintln!("kiln: running on {name}");
         let is_cuda = name.starts_with("CUDA");
         let dtype: FloatDType = self.dtype.map(Into::into).unwrap_or(if is_cuda { FloatDType::BF16 } else { FloatDType::F32 });
-        let tokenizer = Tokenizer::from_dir(&self.model).map_err(|e| e.to_string())?;
+        let gguf = is_gguf(&self.model).then(|| GgufFile::open(&self.model)).transpose().map_err(|e| e.to_string())?;
+        let tokenizer = match &gguf {
+            Some(file) => Tokenizer::from_gguf(file),
+            None => Tokenizer::from_dir(&self.model),
+        }
+        .map_err(|e| e.to_string())?;
         let prompt = if self.chat {
             let mut messages: Vec<Message> = self.system.iter().map(|s| Message::new("system", s.clone())).collect();
             messages.push(Message::new("user", self.prompt.clone()));
@@ -142,9 +161,11 @@ impl OnBackend for GenerateArgs {
             tokenizer.encode(&self.prompt, true)
         }
         .map_err(|e| e.to_string())?;
-        let (_, config) = from_hf_json(&self.model).map_err(|e| e.to_string())?;
-        let config = config.with_max_positions(prompt.len() + self.max_new_tokens);
-        let model = {
+        let positions = prompt.len() + self.max_new_tokens;
+        let model: FloatDecoder<B> = if gguf.is_some() {
+            load::<B>(&self.model, &LoadOptions { dtype, max_positions: Some(positions) }, &device).map_err(|e| e.to_string())?.1
+        } else {
+            let config = from_hf_json(&self.model).map_err(|e| e.to_string())?.1.with_max_positions(positions);
             let mut source = SafetensorsSource::open(&self.model, dtype).map_err(|e| e.to_string())?;
             let bar = ProgressBar::new(source.total_bytes());
             bar.set_style(ProgressStyle::with_template("loading {bar:40} {bytes}/{total_bytes} {elapsed}").map_err(|e| e.to_string())?);
@@ -154,6 +175,7 @@ impl OnBackend for GenerateArgs {
             bar.finish_and_clear();
             model
         };
+        let config = &model.config;
         let mut stop_tokens = config.eos_token_ids.clone();
         stop_tokens.extend(["<|eot_id|>", "<|im_end|>", "<|end_of_text|>", "<|endoftext|>"].iter().filter_map(|t| tokenizer.token_id(t)));
         let generation = GenerationConfig {
@@ -174,16 +196,20 @@ impl OnBackend for GenerateArgs {
         let mut first = None;
         let mut count = 0usize;
         let mut stream = TextStream::default();
-        let mut printer = StopPrinter::new(self.stop.clone());
+        let mut stops = StopStrings::new(self.stop.clone());
+        let mut out = std::io::stdout();
         for step in model.generate(std::slice::from_ref(&prompt), generation) {
             first.get_or_insert_with(Instant::now);
             let Some(id) = step[0] else { break };
             count += 1;
-            if printer.push(&stream.push(&tokenizer, id).map_err(|e| e.to_string())?) {
+            let (text, stopped) = stops.push(&stream.push(&tokenizer, id).map_err(|e| e.to_string())?);
+            print!("{text}");
+            out.flush().ok();
+            if stopped {
                 break;
             }
         }
-        printer.finish();
+        print!("{}", stops.finish());
         println!();
         let end = Instant::now();
         let prefill = first.map_or(end - start, |f| f - start).as_secs_f64();
@@ -198,47 +224,5 @@ impl OnBackend for GenerateArgs {
             count.saturating_sub(1) as f64 / decode.max(1e-9)
         );
         Ok(())
-    }
-}
-
-/// Prints streamed text, ending it at the first stop string and never printing a stop string's
-/// beginning that might still complete.
-struct StopPrinter {
-    stops: Vec<String>,
-    text: String,
-    printed: usize,
-}
-
-impl StopPrinter {
-    fn new(stops: Vec<String>) -> Self {
-        Self { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), text: String::new(), printed: 0 }
-    }
-
-    /// Adds a piece; returns whether a stop string was reached.
-    fn push(&mut self, piece: &str) -> bool {
-        self.text += piece;
-        if let Some(cut) = self.stops.iter().filter_map(|s| self.text.find(s.as_str())).min() {
-            self.text.truncate(cut);
-            return true;
-        }
-        let hold = self.stops.iter().map(|s| s.len() - 1).max().unwrap_or(0);
-        let mut end = self.text.len().saturating_sub(hold).max(self.printed);
-        while !self.text.is_char_boundary(end) {
-            end -= 1;
-        }
-        self.print_to(end);
-        false
-    }
-
-    fn print_to(&mut self, end: usize) {
-        if end > self.printed {
-            print!("{}", &self.text[self.printed..end]);
-            std::io::stdout().flush().ok();
-            self.printed = end;
-        }
-    }
-
-    fn finish(&mut self) {
-        self.print_to(self.text.len());
     }
 }

@@ -71,6 +71,7 @@ pub fn from_hf_value(value: &Value, path: &Path) -> Result<(Family, DecoderConfi
         rms_norm_eps: fields.opt_f64("rms_norm_eps")?.unwrap_or(1e-6),
         rope_theta,
         rope_scaling,
+        rope_freq_factors: None,
         max_positions: fields.opt_usize("max_position_embeddings")?.unwrap_or(4096),
         // Qwen2 always biases q/k/v and never o; Llama/Qwen3's `attention_bias` covers all four.
         qkv_bias: family == Family::Qwen2 || attention_bias,

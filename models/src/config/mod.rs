@@ -24,6 +24,10 @@ pub struct DecoderConfig {
     pub rope_theta: f64,
     #[config(default = "RopeScaling::None")]
     pub rope_scaling: RopeScaling,
+    /// Per-pair divisors of the RoPE frequencies, applied after `rope_scaling` (GGUF stores Llama
+    /// 3.1's scaling this way, as the tensor `rope_freqs.weight`).
+    #[config(default = "None")]
+    pub rope_freq_factors: Option<Vec<f64>>,
     /// Positions the RoPE tables cover (the longest prompt + generation).
     #[config(default = 4096)]
     pub max_positions: usize,
@@ -60,6 +64,15 @@ impl DecoderConfig {
     pub fn window(&self, index: usize) -> Option<usize> {
         let slides = self.sliding_layers.as_ref().is_none_or(|l| l.get(index).copied().unwrap_or(false));
         self.sliding_window.filter(|_| slides)
+    }
+
+    /// The RoPE inverse frequencies of one head's rotated pairs.
+    pub fn rope_inv_freq(&self) -> Vec<f64> {
+        let mut inv_freq = self.rope_scaling.inv_freq(self.head_dim, self.rope_theta);
+        if let Some(factors) = &self.rope_freq_factors {
+            inv_freq.iter_mut().zip(factors).for_each(|(f, d)| *f /= d);
+        }
+        inv_freq
     }
 
     /// Parameters of the model (tied embeddings counted once).
@@ -99,6 +112,11 @@ impl DecoderConfig {
         }
         if self.head_dim % 2 != 0 {
             return Err(format!("head_dim {} must be even for RoPE", self.head_dim));
+        }
+        if let Some(factors) = &self.rope_freq_factors
+            && (factors.len() != self.head_dim / 2 || factors.iter().any(|f| !(f.is_finite() && *f > 0.0)))
+        {
+            return Err(format!("rope_freq_factors needs head_dim/2 = {} positive factors, got {}", self.head_dim / 2, factors.len()));
         }
         if self.sliding_window == Some(0) {
             return Err("sliding_window must be at least 1".into());

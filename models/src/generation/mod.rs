@@ -3,11 +3,13 @@
 //! iterator of steps, so callers stream tokens as they come.
 
 pub mod sampler;
+mod stop;
 
-use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend};
+use burn::tensor::{Int, Tensor, TensorData, backend::Backend};
 use kiln::KilnBackend;
 
 pub use sampler::SamplingConfig;
+pub use stop::StopStrings;
 
 use crate::model::{Decoder, DecoderCache, Projection};
 
@@ -99,30 +101,6 @@ impl<B: KilnBackend, L: Projection<B>> Generation<'_, B, L> {
     pub fn cache(&self) -> &DecoderCache<B> {
         &self.cache
     }
-
-    /// `[batch, 1, q_len, kv_len]` additive mask hiding each row's left padding from its real
-    /// tokens; padding positions see themselves so that no row of the softmax is empty.
-    fn padding_mask(&self, q_len: usize) -> Option<Tensor<B, 4>> {
-        if self.pads.iter().all(|&p| p == 0) {
-            return None;
-        }
-        let kv_len = self.cache.len() + q_len;
-        let batch = self.pads.len();
-        let mut bias = vec![0f32; batch * q_len * kv_len];
-        for (row, &pad) in self.pads.iter().enumerate() {
-            for q in 0..q_len {
-                let position = kv_len - q_len + q;
-                for key in 0..pad.min(kv_len) {
-                    if key != position {
-                        bias[(row * q_len + q) * kv_len + key] = f32::NEG_INFINITY;
-                    }
-                }
-            }
-        }
-        let device = self.model.embed_tokens.weight.device();
-        let dtype: DType = self.model.dtype();
-        Some(Tensor::from_data(TensorData::new(bias, [batch, 1, q_len, kv_len]).convert_dtype(dtype), (&device, dtype)))
-    }
 }
 
 impl<B: KilnBackend, L: Projection<B>> Iterator for Generation<'_, B, L> {
@@ -132,9 +110,7 @@ impl<B: KilnBackend, L: Projection<B>> Iterator for Generation<'_, B, L> {
         if self.produced >= self.config.max_new_tokens || self.done.iter().all(|&d| d) {
             return None;
         }
-        let q_len = self.input.dims()[1];
-        let mask = self.padding_mask(q_len);
-        let hidden = self.model.hidden(self.input.clone(), Some(&mut self.cache), mask);
+        let hidden = self.model.hidden(self.input.clone(), Some(&mut self.cache), &self.pads);
         let logits = self.model.last_logits(hidden);
         let tokens = sampler::sample(logits, &self.config.sampling, self.seen.as_ref());
         if let Some(seen) = self.seen.take() {

@@ -1,11 +1,14 @@
-//! Where a model's parameters come from: a checkpoint (HF safetensors) or random initialization.
+//! Where a model's parameters come from: a checkpoint (HF safetensors, GGUF) or random
+//! initialization.
 //! The decoder is built by one function that asks a [`ParamSource`] for each parameter by its HF
 //! name, so every format and the random init share the model's construction.
 
+mod gguf;
 mod safetensors;
 
 use burn::tensor::{Distribution, FloatDType, Tensor, TensorData, backend::Backend};
 
+pub use self::gguf::{GgufSource, config_from_gguf};
 pub use self::safetensors::SafetensorsSource;
 use crate::error::Result;
 

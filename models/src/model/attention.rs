@@ -2,7 +2,7 @@
 //! the KV cache, and kiln's flash attention (GQA without repeating K/V, causal, sliding window).
 
 use burn::module::Module;
-use burn::tensor::{Tensor, backend::Backend, s};
+use burn::tensor::{IndexingUpdateOp, Int, Tensor, backend::Backend, s};
 use kiln::KilnBackend;
 use kiln::nn::RmsNorm;
 use kiln::ops::{AttentionOptions, RopeTable, flash_attention, rms_norm_rope, rope};
@@ -40,6 +40,21 @@ impl<B: Backend> LayerCache<B> {
         Self { k: buffer(), v: buffer() }
     }
 
+    /// Writes one position's `k`, `v` (`[batch, kv_heads, 1, head_dim]`) at `position` and returns
+    /// the whole buffers. Every shape here is the same at each step (the position travels as an
+    /// index tensor), so Burn's fusion and CubeCL reuse one plan and one set of kernels for all
+    /// steps instead of compiling for each new length. The buffers hold zeros where nothing was
+    /// written yet, so adding writes the value.
+    fn write_step(&mut self, position: Tensor<B, 1, Int>, k: Tensor<B, 4>, v: Tensor<B, 4>) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        let write = |slot: &mut Option<Tensor<B, 4>>, new: Tensor<B, 4>| {
+            let buffer = slot.take().expect("a cache buffer is always present between calls");
+            let buffer = buffer.select_assign(2, position.clone(), new, IndexingUpdateOp::Add);
+            *slot = Some(buffer.clone());
+            buffer
+        };
+        (write(&mut self.k, k), write(&mut self.v, v))
+    }
+
     /// Writes `k`, `v` at positions `start..` and returns the keys and values of `0..end`.
     fn append(&mut self, start: usize, k: Tensor<B, 4>, v: Tensor<B, 4>) -> (Tensor<B, 4>, Tensor<B, 4>) {
         let end = start + k.dims()[2];
@@ -58,8 +73,18 @@ pub struct Step<'a, B: Backend> {
     pub rope: &'a RopeTable<B>,
     /// Position of the first input token (the cache's length before this call).
     pub offset: usize,
-    /// Additive mask `[batch, 1, q_len, kv_len]` (left padding of batched prompts), if any.
-    pub mask: Option<Tensor<B, 4>>,
+    pub mode: StepMode<B>,
+}
+
+/// How attention finds its keys and masks them.
+pub enum StepMode<B: Backend> {
+    /// Keys are this call's (and the cache's up to here), masked causally and by each layer's
+    /// window; `padding` (`[batch, 1, q_len, kv_len]`, additive) hides left padding.
+    Causal { padding: Option<Tensor<B, 4>> },
+    /// One token per sequence over the whole cache buffer: `position` (`[1]`) says where its
+    /// key/value go, and each layer takes the additive mask (`[batch, 1, 1, capacity]`) built for
+    /// its window, which hides unwritten positions, padding and keys out of the window.
+    Decode { position: Tensor<B, 1, Int>, masks: Vec<(Option<usize>, Tensor<B, 4>)> },
 }
 
 impl<B: KilnBackend, L: Projection<B>> Attention<B, L> {
@@ -74,12 +99,25 @@ impl<B: KilnBackend, L: Projection<B>> Attention<B, L> {
             _ => (rope(q, step.rope, step.offset), rope(k, step.rope, step.offset)),
         };
         let (q, k) = (q.swap_dims(1, 2), k.swap_dims(1, 2));
-        let (k, v) = match cache {
-            Some(cache) => cache.append(step.offset, k, v),
-            None => (k, v),
+        let (k, v, mask, options) = match (&step.mode, cache) {
+            (StepMode::Decode { position, masks }, Some(cache)) => {
+                let (k, v) = cache.write_step(position.clone(), k, v);
+                let mask = masks.iter().find(|(w, _)| *w == self.window).map(|(_, m)| m.clone());
+                (k, v, mask, AttentionOptions::default())
+            }
+            (mode, cache) => {
+                let (k, v) = match cache {
+                    Some(cache) => cache.append(step.offset, k, v),
+                    None => (k, v),
+                };
+                let padding = match mode {
+                    StepMode::Causal { padding } => padding.clone(),
+                    StepMode::Decode { .. } => None,
+                };
+                (k, v, padding, AttentionOptions { causal: true, window: self.window, ..AttentionOptions::default() })
+            }
         };
-        let options = AttentionOptions { causal: true, window: self.window, ..AttentionOptions::default() };
-        let out = flash_attention(q, k, v, step.mask.clone(), options);
+        let out = flash_attention(q, k, v, mask, options);
         self.o_proj.forward(out.swap_dims(1, 2).reshape([batch, seq, self.num_heads * self.head_dim]))
     }
 }

@@ -12,7 +12,7 @@ use kiln::ops::RopeTable;
 use super::{Attention, Decoder, DecoderLayer, FloatDecoder};
 use crate::config::{DecoderConfig, Family, from_hf_json};
 use crate::error::{LoadError, Result};
-use crate::loader::{ParamKind, ParamSource, RandomInit, SafetensorsSource};
+use crate::loader::{GgufSource, ParamKind, ParamSource, RandomInit, SafetensorsSource};
 
 /// Builds the decoder from `source`; each attention/MLP linear passes through `map` with its HF
 /// module path as it is built (quantize or wrap while loading, one layer in memory at a time).
@@ -34,7 +34,7 @@ pub fn build<B: Backend, L: Module<B>, S: ParamSource>(
         layers,
         norm,
         lm_head,
-        rope: RopeTable::new(c.head_dim, c.max_positions, c.rope_theta, c.rope_scaling, device),
+        rope: RopeTable::from_inv_freq(&c.rope_inv_freq(), c.max_positions, device),
         config: c.clone(),
     })
 }
@@ -115,8 +115,8 @@ impl Default for LoadOptions {
     }
 }
 
-/// Loads a HF checkpoint directory (`config.json` + safetensors, single or sharded) with float
-/// linears.
+/// Loads a HF checkpoint directory (`config.json` + safetensors, single or sharded) or a `.gguf`
+/// file, with float linears.
 pub fn load<B: Backend>(dir: &Path, options: &LoadOptions, device: &B::Device) -> Result<(Family, FloatDecoder<B>)> {
     load_with(dir, options, device, |_, l| l)
 }
@@ -128,14 +128,21 @@ pub fn load_with<B: Backend, L: Module<B>>(
     device: &B::Device,
     map: impl FnMut(&str, Linear<B>) -> L,
 ) -> Result<(Family, Decoder<B, L>)> {
-    let (family, config) = from_hf_json(dir)?;
-    let config = match options.max_positions {
+    let limit = |config: DecoderConfig| match options.max_positions {
         Some(max) => config.with_max_positions(max.max(1)),
         None => config,
     };
+    if dir.extension().is_some_and(|e| e == "gguf") {
+        let (mut source, family, config) = GgufSource::open(dir, options.dtype)?;
+        if let Some(name) = source.unexpected(&expected_names(&config)) {
+            return Err(LoadError::tensor(dir, name, "in the file but not in the model its metadata describes"));
+        }
+        return Ok((family, build(&limit(config), &mut source, device, map)?));
+    }
+    let (family, config) = from_hf_json(dir)?;
     let mut source = SafetensorsSource::open(dir, options.dtype)?;
     check_all_used(&source, &config, dir)?;
-    Ok((family, build(&config, &mut source, device, map)?))
+    Ok((family, build(&limit(config), &mut source, device, map)?))
 }
 
 /// A checkpoint tensor the config does not explain means the config and weights disagree (a

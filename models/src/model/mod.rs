@@ -3,16 +3,17 @@
 
 mod attention;
 pub mod build;
+mod mask;
 pub mod projection;
 
 use burn::module::Module;
 use burn::nn::Embedding;
-use burn::tensor::{DType, Int, Tensor, backend::Backend, s};
+use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend, s};
 use kiln::KilnBackend;
 use kiln::nn::{Linear, RmsNorm};
 use kiln::ops::{RopeTable, swiglu};
 
-pub use attention::{Attention, LayerCache, Step};
+pub use attention::{Attention, LayerCache, Step, StepMode};
 pub use projection::Projection;
 
 use crate::config::DecoderConfig;
@@ -143,22 +144,37 @@ impl<B: KilnBackend, L: Projection<B>> DecoderLayer<B, L> {
 impl<B: KilnBackend, L: Projection<B>> Decoder<B, L> {
     /// Logits `[batch, seq, vocab]` of every position (training, scoring).
     pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
-        self.logits(self.hidden(tokens, None, None))
+        self.logits(self.hidden(tokens, None, &[]))
     }
 
     /// The final normed hidden states `[batch, seq, hidden]`. With a cache, `tokens` follow the
-    /// positions it holds and their keys/values are appended; `mask` (`[batch, 1, seq, kv_len]`,
-    /// added to the attention logits) masks padding.
+    /// positions it holds and their keys/values are stored; a single token per row attends over
+    /// the whole cache buffer under a mask, so every decode step has the same shapes. `pads[row]`
+    /// (empty: none) counts the left padding of each row's prompt, which attention never sees.
     ///
     /// # Panics
-    /// If the cache cannot hold the new tokens.
-    pub fn hidden(&self, tokens: Tensor<B, 2, Int>, mut cache: Option<&mut DecoderCache<B>>, mask: Option<Tensor<B, 4>>) -> Tensor<B, 3> {
-        let seq = tokens.dims()[1];
+    /// If the cache cannot hold the new tokens, or `pads` is not empty and not one per row.
+    pub fn hidden(&self, tokens: Tensor<B, 2, Int>, mut cache: Option<&mut DecoderCache<B>>, pads: &[usize]) -> Tensor<B, 3> {
+        let [batch, seq] = tokens.dims();
+        assert!(pads.is_empty() || pads.len() == batch, "kiln-models: {} pads for {batch} rows", pads.len());
         let offset = cache.as_ref().map_or(0, |c| c.len);
-        if let Some(c) = cache.as_ref() {
-            assert!(offset + seq <= c.capacity, "kiln-models: {} positions exceed the cache capacity {}", offset + seq, c.capacity);
-        }
-        let step = Step { rope: &self.rope, offset, mask };
+        let device = tokens.device();
+        let (dtype, no_pads) = (self.dtype(), vec![0; batch]);
+        let pads = if pads.is_empty() { &no_pads } else { pads };
+        let mode = match cache.as_ref() {
+            Some(c) => {
+                assert!(offset + seq <= c.capacity, "kiln-models: {} positions exceed the cache capacity {}", offset + seq, c.capacity);
+                if seq == 1 {
+                    let windows: Vec<Option<usize>> = self.layers.iter().map(|l| l.self_attn.window).collect();
+                    let position = Tensor::from_data(TensorData::new(vec![offset as i64], [1]), &device);
+                    StepMode::Decode { position, masks: mask::decode(pads, offset + 1, c.capacity, &windows, dtype, &device) }
+                } else {
+                    StepMode::Causal { padding: mask::padding(pads, seq, offset + seq, dtype, &device) }
+                }
+            }
+            None => StepMode::Causal { padding: mask::padding(pads, seq, seq, dtype, &device) },
+        };
+        let step = Step { rope: &self.rope, offset, mode };
         let mut residual = self.embed_tokens.forward(tokens);
         let mut delta = None;
         for (i, layer) in self.layers.iter().enumerate() {

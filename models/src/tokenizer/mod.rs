@@ -56,6 +56,20 @@ impl Tokenizer {
         Ok(Self::from_tokenizer(inner, path))
     }
 
+    /// The vocabulary a GGUF file embeds (SentencePiece or GPT-2 BPE kinds), with its BOS/EOS
+    /// tokens and `tokenizer.chat_template` when present.
+    pub fn from_gguf(file: &crate::gguf::GgufFile) -> Result<Self> {
+        let inner = file.tokenizer()?;
+        let token = |key: &str| -> Result<Option<String>> {
+            Ok(file.opt_u64(key)?.and_then(|id| u32::try_from(id).ok()).and_then(|id| inner.id_to_token(id)))
+        };
+        let (bos, eos) = (token("tokenizer.ggml.bos_token_id")?, token("tokenizer.ggml.eos_token_id")?);
+        let template = file.opt_str("tokenizer.chat_template")?.map(|t| ChatTemplate::new(t.to_string(), file.path())).transpose()?;
+        let mut tokenizer = Self::from_tokenizer(inner, file.path()).with_special_tokens(bos, eos);
+        tokenizer.chat_template = template;
+        Ok(tokenizer)
+    }
+
     /// Wraps a built `tokenizers::Tokenizer` (e.g. one made from a GGUF vocabulary); `path` names
     /// its origin in errors.
     pub fn from_tokenizer(inner: tokenizers::Tokenizer, path: &Path) -> Self {

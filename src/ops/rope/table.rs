@@ -20,6 +20,11 @@ pub enum RopeScaling {
 }
 
 impl RopeScaling {
+    /// The inverse frequencies of the `head_dim / 2` rotated pairs with base `theta`, scaled.
+    pub fn inv_freq(&self, head_dim: usize, theta: f64) -> Vec<f64> {
+        (0..head_dim / 2).map(|i| self.apply(1.0 / theta.powf(2.0 * i as f64 / head_dim as f64))).collect()
+    }
+
     fn apply(&self, inv_freq: f64) -> f64 {
         match *self {
             RopeScaling::None => inv_freq,
@@ -63,14 +68,21 @@ impl<B: Backend> RopeTable<B> {
         crate::error::ensure(head_dim > 0 && head_dim % 2 == 0, "RopeTable", || {
             format!("head_dim must be even and positive, got {head_dim}")
         });
-        let half = head_dim / 2;
-        let inv_freq: Vec<f64> = (0..half)
-            .map(|i| scaling.apply(1.0 / theta.powf(2.0 * i as f64 / head_dim as f64)))
-            .collect();
+        Self::from_inv_freq(&scaling.inv_freq(head_dim, theta), max_positions, device)
+    }
+
+    /// Tables for explicit inverse frequencies, one per rotated pair (`head_dim / 2` of them):
+    /// for frequencies a checkpoint stores, e.g. GGUF's per-frequency divisors.
+    ///
+    /// # Panics
+    /// If `inv_freq` is empty.
+    pub fn from_inv_freq(inv_freq: &[f64], max_positions: usize, device: &B::Device) -> Self {
+        crate::error::ensure(!inv_freq.is_empty(), "RopeTable", || "no frequencies given".to_string());
+        let half = inv_freq.len();
         let mut cos = Vec::with_capacity(max_positions * half);
         let mut sin = Vec::with_capacity(max_positions * half);
         for p in 0..max_positions {
-            for f in &inv_freq {
+            for f in inv_freq {
                 let (s, c) = (p as f64 * f).sin_cos();
                 cos.push(c as f32);
                 sin.push(s as f32);
