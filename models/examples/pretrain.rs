@@ -100,7 +100,7 @@ fn train<B: kiln::KilnAutodiffBackend>(device: B::Device, args: &Args) {
     let config = DecoderConfig::new(VOCAB, width, 2 * width, 2 * scale.min(4), 4, 2, width / 4).with_max_positions(64);
     println!("model: {} parameters, {} layers, {} heads ({} kv heads), head size {}", config.num_params(), config.num_layers, config.num_heads, config.num_kv_heads, config.head_dim);
     let train_loader = DataLoaderBuilder::new(NextToken).batch_size(16 * scale).shuffle(7).set_device(device.clone())
-        .build(Sequences { len: 2048 * scale, seed: 1 });
+        .build(Sequences { len: 16384 * scale, seed: 1 });
     let valid_loader = DataLoaderBuilder::<B::InnerBackend, _, _>::new(NextToken).batch_size(16 * scale).set_device(device.clone())
         .build(Sequences { len: 256, seed: 2 });
     let model: FloatDecoder<B> = config.init(&device);
@@ -111,9 +111,8 @@ fn train<B: kiln::KilnAutodiffBackend>(device: B::Device, args: &Args) {
     let optim = AdamWConfig::new().with_weight_decay(0.0).init::<B, FloatDecoder<B>>();
     let mut training = SupervisedTraining::new(&args.dir, train_loader as Arc<_>, valid_loader as Arc<_>)
         .metrics((LossMetric::new(),))
-        .num_epochs(args.epochs)
-        .summary();
-    if let Some(lines) = renderer(20) {
+        .num_epochs(args.epochs);
+    if let Some(lines) = renderer(100) {
         training = training.renderer(lines);
     }
     let result = training.launch(Learner::new(model, optim, 3e-3));

@@ -79,7 +79,7 @@ pub fn renderer(every: usize) -> Option<LineRenderer> {
 }
 
 /// One line per `every` training steps (and one per validation pass):
-/// `train epoch 1/3 step 40/128 loss 2.3141`.
+/// `train epoch 1/3 items 640/16384 step 40 loss 2.3141`.
 pub struct LineRenderer {
     every: usize,
     names: HashMap<MetricId, String>,
@@ -104,11 +104,14 @@ impl LineRenderer {
     }
 
     fn line(kind: &str, item: &TrainingProgress, values: &[(String, f64)]) -> String {
-        let step = item.iteration.unwrap_or(item.global_progress.items_processed);
-        let mut line = match &item.progress {
-            Some(epoch) => format!("{kind} epoch {}/{} step {step}", epoch.items_processed, epoch.items_total),
-            None => format!("{kind} step {step}"),
-        };
+        let epoch = &item.global_progress;
+        let mut line = format!("{kind} epoch {}/{}", epoch.items_processed, epoch.items_total);
+        if let Some(items) = &item.progress {
+            line += &format!(" items {}/{}", items.items_processed, items.items_total);
+        }
+        if let Some(step) = item.iteration {
+            line += &format!(" step {step}");
+        }
         for (name, value) in values {
             line += &format!(" {} {value:.4}", name.to_lowercase());
         }
