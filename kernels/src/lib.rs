@@ -14,6 +14,7 @@
 pub mod cuda_source;
 pub mod flash_attention;
 pub mod matmul;
+pub mod nf4;
 pub mod rms_norm;
 pub mod rms_norm_rope;
 pub mod rope;

@@ -8,7 +8,7 @@
 use core::fmt::Debug;
 use core::marker::PhantomData;
 
-use burn::tensor::{DType, Shape, ops::FloatTensor};
+use burn::tensor::{DType, Shape, ops::{FloatTensor, IntTensor}};
 use burn_fusion::{
     Fusion, FusionBackend, FusionRuntime, FusionTensor,
     stream::{Operation, OperationStreams},
@@ -21,6 +21,35 @@ pub(crate) trait FusedOp<B: FusionBackend>: Clone + Debug + Send + Sync + 'stati
     fn run(&self, inputs: Vec<FloatTensor<B>>) -> Vec<FloatTensor<B>>;
 }
 
+/// A tensor of either kind, for ops with integer operands (packed quantized weights).
+pub(crate) enum Operand<T, I> {
+    Float(T),
+    Int(I),
+}
+
+/// The body of a custom fusion operation with float and int operands, in and out (each output's
+/// kind follows its declared dtype).
+pub(crate) trait FusedMixedOp<B: FusionBackend>: Clone + Debug + Send + Sync + 'static {
+    fn run(&self, inputs: Vec<Operand<FloatTensor<B>, IntTensor<B>>>) -> Vec<Operand<FloatTensor<B>, IntTensor<B>>>;
+}
+
+/// A float-only op seen as a mixed one.
+#[derive(Clone, Debug)]
+struct FloatsOnly<O>(O);
+
+impl<B: FusionBackend, O: FusedOp<B>> FusedMixedOp<B> for FloatsOnly<O> {
+    fn run(&self, inputs: Vec<Operand<FloatTensor<B>, IntTensor<B>>>) -> Vec<Operand<FloatTensor<B>, IntTensor<B>>> {
+        let floats = inputs
+            .into_iter()
+            .map(|t| match t {
+                Operand::Float(t) => t,
+                Operand::Int(_) => unreachable!("float-only op given an int tensor"),
+            })
+            .collect();
+        self.0.run(floats).into_iter().map(Operand::Float).collect()
+    }
+}
+
 #[derive(Clone, Debug)]
 struct CustomOp<B, O> {
     desc: CustomOpIr,
@@ -28,13 +57,21 @@ struct CustomOp<B, O> {
     _backend: PhantomData<B>,
 }
 
-impl<B: FusionBackend, O: FusedOp<B>> Operation<B::FusionRuntime> for CustomOp<B, O> {
+impl<B: FusionBackend, O: FusedMixedOp<B>> Operation<B::FusionRuntime> for CustomOp<B, O> {
     fn execute(&self, handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>) {
-        let inputs = self.desc.inputs.iter().map(|t| handles.get_float_tensor::<B>(t)).collect();
+        let inputs = self
+            .desc
+            .inputs
+            .iter()
+            .map(|t| if t.dtype.is_float() { Operand::Float(handles.get_float_tensor::<B>(t)) } else { Operand::Int(handles.get_int_tensor::<B>(t)) })
+            .collect();
         let outputs = self.op.run(inputs);
         assert_eq!(outputs.len(), self.desc.outputs.len(), "kiln fusion op `{}` output count", self.desc.id);
         for (ir, tensor) in self.desc.outputs.iter().zip(outputs) {
-            handles.register_float_tensor::<B>(&ir.id, tensor);
+            match tensor {
+                Operand::Float(t) => handles.register_float_tensor::<B>(&ir.id, t),
+                Operand::Int(t) => handles.register_int_tensor::<B>(&ir.id, t),
+            }
         }
     }
 }
@@ -44,6 +81,17 @@ impl<B: FusionBackend, O: FusedOp<B>> Operation<B::FusionRuntime> for CustomOp<B
 pub(crate) fn register<B: FusionBackend, O: FusedOp<B>>(
     name: &'static str,
     inputs: Vec<FloatTensor<Fusion<B>>>,
+    outputs: Vec<(Shape, DType)>,
+    op: O,
+) -> Vec<FusionTensor<B::FusionRuntime>> {
+    register_mixed(name, inputs, outputs, FloatsOnly(op))
+}
+
+/// [`register`] for ops with int operands: `inputs` may hold tensors of either kind (a fusion
+/// tensor carries its dtype), and an output is an int tensor when its dtype is an int one.
+pub(crate) fn register_mixed<B: FusionBackend, O: FusedMixedOp<B>>(
+    name: &'static str,
+    inputs: Vec<FusionTensor<B::FusionRuntime>>,
     outputs: Vec<(Shape, DType)>,
     op: O,
 ) -> Vec<FusionTensor<B::FusionRuntime>> {

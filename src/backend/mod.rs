@@ -7,14 +7,17 @@ pub(crate) mod fusion;
 
 use crate::ops::{
     flash_attention::FlashAttentionBackend, matmul::MatmulBackend, rms_norm::RmsNormBackend, rms_norm_rope::RmsNormRopeBackend,
-    rope::RopeBackend, swiglu::SwiGluBackend,
+    nf4::Nf4Backend, rope::RopeBackend, swiglu::SwiGluBackend,
 };
 
 /// Every kiln op. Implemented for each backend that implements every op family.
-pub trait KilnBackend: RmsNormBackend + RopeBackend + RmsNormRopeBackend + SwiGluBackend + FlashAttentionBackend + MatmulBackend {}
+pub trait KilnBackend:
+    RmsNormBackend + RopeBackend + RmsNormRopeBackend + SwiGluBackend + FlashAttentionBackend + MatmulBackend + Nf4Backend
+{
+}
 
 impl<B> KilnBackend for B where
-    B: RmsNormBackend + RopeBackend + RmsNormRopeBackend + SwiGluBackend + FlashAttentionBackend + MatmulBackend
+    B: RmsNormBackend + RopeBackend + RmsNormRopeBackend + SwiGluBackend + FlashAttentionBackend + MatmulBackend + Nf4Backend
 {
 }
 

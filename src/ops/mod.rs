@@ -3,6 +3,7 @@
 
 pub mod flash_attention;
 pub mod matmul;
+pub mod nf4;
 pub mod rms_norm;
 pub mod rms_norm_rope;
 pub mod rope;
@@ -10,6 +11,7 @@ pub mod swiglu;
 
 pub use flash_attention::{AttentionOptions, flash_attention};
 pub use matmul::{linear, linear_residual, matmul};
+pub use nf4::matmul_4bit;
 pub use rms_norm::{rms_norm, rms_norm_residual};
 pub use rms_norm_rope::rms_norm_rope;
 pub use rope::{RopeTable, rope};

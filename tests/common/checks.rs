@@ -381,3 +381,48 @@ impl Case for GemmCase {
         self.batch * (self.m * self.k + self.m * self.n) + self.k * self.n * self.batch
     }
 }
+
+/// `x [m, k] · Wᵀ` for a 4-bit `W [n, k]` quantized once on the host (so every backend holds the
+/// same codes), with the input gradient; the reference multiplies by the weight dequantized with
+/// plain Burn ops.
+#[derive(Debug, Clone, Copy)]
+pub struct Nf4Case {
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    pub kind: ops::nf4::QuantType,
+    pub block: usize,
+    pub nested: bool,
+    pub seed: u64,
+}
+
+impl Nf4Case {
+    /// The host quantization of this case's weight.
+    pub fn packed(&self) -> ops::nf4::Packed4 {
+        let w: Vec<f32> = random(&[self.n, self.k], self.seed + 1).convert::<f32>().into_vec().unwrap();
+        ops::nf4::Packed4::quantize(&w, &[self.n, self.k], self.kind, self.block, self.nested).unwrap()
+    }
+}
+
+impl Case for Nf4Case {
+    fn run<B: KilnAutodiffBackend>(&self, device: &B::Device, dtype: DType, kernel: bool) -> Outputs {
+        let w = ops::nf4::Quantized4::<B>::from_host(&self.packed(), device).unwrap();
+        let x = tensor::<B, 2>(&random(&[self.m, self.k], self.seed), dtype, device).require_grad();
+        let y = if kernel {
+            ops::matmul_4bit(x.clone(), &w)
+        } else {
+            let dense: Tensor<B, 2> = wrap(ops::nf4::reference::dequantize::<B>(w.primitive(), dtype));
+            x.clone().matmul(dense.transpose())
+        };
+        let grads = weighted(y.clone(), self.seed + 2, device).backward();
+        vec![("y", values(y)), ("dx", grad(&x, &grads))]
+    }
+
+    fn depth(&self) -> f64 {
+        self.k.max(self.n) as f64
+    }
+
+    fn footprint(&self) -> usize {
+        self.m * (self.k + self.n) + self.k * self.n
+    }
+}
