@@ -9,6 +9,8 @@
 mod common;
 #[path = "gpu_check/gemm.rs"]
 mod gemm;
+#[path = "gpu_check/nf4.rs"]
+mod nf4;
 
 use std::time::Instant;
 
@@ -67,6 +69,9 @@ fn parity(device: &CudaDevice, filter: &str) -> bool {
         }
         for case in gemm::parity_cases() {
             report(format!("gemm {case:?} {dtype:?}"), &|| run_check(&case, device, dtype));
+        }
+        for case in nf4::parity_cases() {
+            report(format!("nf4 {case:?} {dtype:?}"), &|| run_check(&case, device, dtype));
         }
         for shape in [[37, 11008], [3, 1001]] {
             for activation in [GluActivation::Silu, GluActivation::GeluTanh] {
@@ -532,6 +537,14 @@ fn main() {
     }
     if mode == "gemm-skinny-kernels" {
         gemm::skinny_kernels(&device, std::env::args().nth(2).and_then(|a| a.parse().ok()).unwrap_or(1));
+    }
+    if mode == "nf4" || mode == "all" {
+        ok &= nf4::exact_quantization(&device);
+    }
+    if mode == "nf4" || mode == "nf4-bench" || mode == "bench" || mode == "all" {
+        nf4::bench_gemv(&device);
+        nf4::bench_prefill(&device);
+        nf4::bench_qlora_step(&device);
     }
     if mode == "rms-norm-calls" {
         bench_rms_norm_calls(&device);

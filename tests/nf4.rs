@@ -240,3 +240,37 @@ fn bad_layouts_are_refused_clearly() {
     let three_d = Packed4::quantize(&[1.0; 128], &[2, 2, 32], QuantType::Nf4, 64, false).unwrap();
     assert!(Quantized4::<NdArray>::from_host(&three_d, &device).unwrap_err().to_string().contains("two dimensions"));
 }
+
+#[test]
+fn nf4_linear_saves_loads_and_stays_frozen() {
+    use burn::module::Module;
+    use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
+    use kiln::nn::{LinearConfig, Nf4Linear, Nf4LinearConfig};
+    type A = Autodiff<NdArray>;
+    let device = Default::default();
+    let float = LinearConfig::new(256, 96).init::<A>(&device);
+    let layer = Nf4Linear::from_linear(&float, QuantType::Nf4, 64, true);
+    let x = Tensor::<A, 3>::from_data(common::random(&[2, 3, 256], 9), &device).require_grad();
+    let y = layer.forward(x.clone());
+
+    // The record round-trips into a layer built from the config.
+    let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
+    let bytes = recorder.record(layer.clone().into_record(), ()).unwrap();
+    let config = Nf4LinearConfig::new(256, 96);
+    let loaded = config.init::<A>(&device).load_record(recorder.load(bytes, &device).unwrap());
+    assert_eq!(loaded.weight().to_host(), layer.weight().to_host());
+    assert_eq!(common::values(loaded.forward(x.clone())), common::values(y.clone()));
+
+    // The input gets a gradient; no part of the layer does.
+    let grads = y.sum().backward();
+    assert!(x.grad(&grads).is_some());
+    assert!(layer.absmax.val().grad(&grads).is_none() && layer.code.val().grad(&grads).is_none());
+    assert!(layer.bias.as_ref().unwrap().val().grad(&grads).is_none());
+    let params = burn::optim::GradientsParams::from_grads(grads, &layer);
+    assert!(params.is_empty(), "an optimizer would find {} gradients in the frozen layer", params.len());
+
+    // A full-size layer at block 64 with double quantization: ~4.13 bits a weight.
+    let big = Nf4Linear::<NdArray>::from_linear(&LinearConfig::new(1024, 1024).with_bias(false).init(&device), QuantType::Nf4, 64, true);
+    let memory = big.memory();
+    assert!((memory.bits_per_weight - 4.127).abs() < 0.01, "{memory}");
+}

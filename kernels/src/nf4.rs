@@ -136,20 +136,22 @@ fn quantize_kernel<F: Float>(
     }
 }
 
-/// One unit per word: eight values `code[q] · scale` in the output dtype.
+/// One unit per word: eight values `code[q] · scale` in the output dtype, stored as one vector of
+/// eight (`whole_words`, `N` = 8) where the length allows, else one by one (`N` = 1).
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-fn dequantize_kernel<F: Float>(
+fn dequantize_kernel<F: Float, N: Size>(
     words: &Array<u32>,
     code: &Array<f32>,
     absmax: &Array<f32>,
     absmax_codes: &Array<u32>,
     nested_code: &Array<f32>,
     offset: &Array<f32>,
-    out: &mut Array<F>,
+    out: &mut Array<Vector<F, N>>,
     len: usize,
     #[comptime] block: usize,
     #[comptime] nested: bool,
+    #[comptime] whole_words: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let w = ABSOLUTE_POS;
@@ -158,19 +160,29 @@ fn dequantize_kernel<F: Float>(
     }
     let word = words[w];
     let scale = block_scale(w * 8 / block, absmax, absmax_codes, nested_code, offset, nested);
-    #[unroll]
-    for j in 0..8u32 {
-        let i = w * 8 + j as usize;
-        if i < len {
-            out[i] = F::cast_from(code[((word >> nibble_shift(j)) & 15) as usize] * scale);
+    if comptime!(whole_words) {
+        let mut values = Vector::<F, N>::empty();
+        #[unroll]
+        for j in 0..8u32 {
+            values[j as usize] = F::cast_from(code[((word >> nibble_shift(j)) & 15) as usize] * scale);
+        }
+        out[w] = values;
+    } else {
+        #[unroll]
+        for j in 0..8u32 {
+            let i = w * 8 + j as usize;
+            if i < len {
+                out[i] = Vector::cast_from(F::cast_from(code[((word >> nibble_shift(j)) & 15) as usize] * scale));
+            }
         }
     }
 }
 
 /// `out[r, n] = Σ_k x[r, k] · W[n, k]` for `rows` activation rows: one layout row per output
-/// feature `n`, its units striding over vectors of `W`'s words (each unit keeps every activation
-/// row's partial sum), then one reduction per activation row. The code book sits in shared
-/// memory; each vector of words has one scale, applied to its partial sums.
+/// feature `n`, whose units take `vectors_per_unit` vectors of `W`'s words each (all loads issued
+/// before any is used, so a unit keeps several 16-byte loads in flight), keep every activation
+/// row's partial sum in registers, then reduce once per activation row. The code book sits in
+/// shared memory; each vector of words has one scale, applied to its partial sums.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn gemv_kernel<F: Float, NX: Size, NW: Size>(
@@ -202,19 +214,32 @@ fn gemv_kernel<F: Float, NX: Size, NW: Size>(
     let valid = feature < n;
     // Vectors of words in a row; `x_per_word` activation vectors span a word (NX · x_per_word = 8).
     let vectors = k / (8 * NW::value());
+    let first_vector = feature * vectors;
     let x_row = k / NX::value();
+    let per_unit = layout.vectors_per_unit;
+
+    // Issue every load of this unit's share first: the packed words and their scales.
+    let mut packed = Array::<Vector<u32, NW>>::new(per_unit);
+    let mut scales = Array::<f32>::new(per_unit);
+    #[unroll]
+    for i in 0..per_unit {
+        let v = i * layout.units_per_row + UNIT_POS_X as usize;
+        let live = valid && v < vectors;
+        let at = select(live, first_vector + v, 0);
+        packed[i] = words[at];
+        let element = (first_vector + v) * 8 * NW::value();
+        scales[i] = select(live, block_scale(select(live, element / block, 0), absmax, absmax_codes, nested_code, offset, nested), 0.0);
+    }
+
     let mut acc = Array::<f32>::new(rows);
     #[unroll]
     for r in 0..rows {
         acc[r] = 0.0;
     }
-    if valid {
-        let first_vector = feature * vectors;
-        let mut v = UNIT_POS_X as usize;
-        while v < vectors {
-            let packed = words[first_vector + v];
-            let element = (first_vector + v) * 8 * NW::value();
-            let scale = block_scale(element / block, absmax, absmax_codes, nested_code, offset, nested);
+    #[unroll]
+    for i in 0..per_unit {
+        let v = i * layout.units_per_row + UNIT_POS_X as usize;
+        if valid && v < vectors {
             let mut partial = Array::<f32>::new(rows);
             #[unroll]
             for r in 0..rows {
@@ -222,27 +247,30 @@ fn gemv_kernel<F: Float, NX: Size, NW: Size>(
             }
             #[unroll]
             for wi in 0..NW::value() {
-                let word = packed[wi];
+                let word = packed[i][wi];
                 let x_first = (v * NW::value() + wi) * x_per_word;
                 #[unroll]
                 for xv in 0..x_per_word {
+                    let mut xs = Array::<Vector<F, NX>>::new(rows);
+                    #[unroll]
+                    for r in 0..rows {
+                        xs[r] = x[r * x_row + x_first + xv];
+                    }
                     #[unroll]
                     for e in 0..NX::value() {
                         let j = (xv * NX::value() + e) as u32;
                         let w = lut[((word >> nibble_shift(j)) & 15) as usize];
                         #[unroll]
                         for r in 0..rows {
-                            let xs = x[r * x_row + x_first + xv];
-                            partial[r] = fma(f32::cast_from(xs[e]), w, partial[r]);
+                            partial[r] = fma(f32::cast_from(xs[r][e]), w, partial[r]);
                         }
                     }
                 }
             }
             #[unroll]
             for r in 0..rows {
-                acc[r] = fma(partial[r], scale, acc[r]);
+                acc[r] = fma(partial[r], scales[i], acc[r]);
             }
-            v += layout.units_per_row;
         }
     }
     #[unroll]
@@ -322,12 +350,13 @@ pub fn launch_dequantize<R: Runtime>(
         return;
     }
     let (count, dim) = crate::row::elementwise_geometry(client, units);
+    let vector = if len % 8 == 0 { 8 } else { 1 };
     let ScaleArgs { absmax, absmax_codes, nested_code, offset, nested } = scales;
     // SAFETY: `words` has ⌈len/8⌉ words, `out` `len` elements, the scales one per block; units
     // past the last word exit.
     unsafe {
         dequantize_kernel::launch_unchecked::<R>(
-            client, count, dim, words, code, absmax, absmax_codes, nested_code, offset, out, len, block, nested, dtype,
+            client, count, dim, vector, words, code, absmax, absmax_codes, nested_code, offset, out, len, block, nested, vector == 8, dtype,
         )
     }
 }

@@ -3,9 +3,11 @@
 mod attention;
 mod linear;
 mod mlp;
+mod nf4_linear;
 mod rms_norm;
 
 pub use attention::{KvCache, MultiHeadAttention, MultiHeadAttentionConfig};
 pub use linear::{Linear, LinearConfig};
 pub use mlp::{GatedMlp, GatedMlpConfig};
+pub use nf4_linear::{NestedScales, Nf4Linear, Nf4LinearConfig, Nf4Memory};
 pub use rms_norm::{RmsNorm, RmsNormConfig};

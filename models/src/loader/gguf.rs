@@ -73,6 +73,10 @@ impl ParamSource for GgufSource {
     fn contains(&self, name: &str) -> bool {
         gguf_tensor_name(name).is_some_and(|n| self.file.contains(&n))
     }
+
+    fn origin(&self) -> &Path {
+        self.file.path()
+    }
 }
 
 /// The decoder config a GGUF file's metadata (and tensor list) describes.

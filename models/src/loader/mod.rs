@@ -6,7 +6,10 @@
 mod gguf;
 mod safetensors;
 
+use std::path::Path;
+
 use burn::tensor::{Distribution, FloatDType, Tensor, TensorData, backend::Backend};
+pub use kiln::ops::nf4::bnb::{Stored, StoredDtype};
 
 pub use self::gguf::{GgufSource, config_from_gguf};
 pub use self::safetensors::SafetensorsSource;
@@ -37,6 +40,15 @@ pub trait ParamSource {
 
     /// Whether the source holds `name` (e.g. `lm_head.weight` in a checkpoint with untied heads).
     fn contains(&self, name: &str) -> bool;
+
+    /// The tensor `name` as stored in the file, for layers that read their own format
+    /// (bitsandbytes' 4-bit weights); `None` when the source stores no such tensor.
+    fn stored(&self, _name: &str) -> Option<Stored<'_>> {
+        None
+    }
+
+    /// The file parameters come from, for error messages.
+    fn origin(&self) -> &Path;
 }
 
 /// Fresh parameters as HF initializes them: weights and embeddings from N(0, std²), biases 0,
@@ -61,6 +73,10 @@ impl ParamSource for RandomInit {
             ParamKind::Norm => Tensor::ones(shape, device),
         };
         Ok(t.cast(self.dtype))
+    }
+
+    fn origin(&self) -> &Path {
+        Path::new("<random init>")
     }
 
     fn contains(&self, _: &str) -> bool {

@@ -10,7 +10,7 @@ use burn::tensor::{DType, FloatDType, Tensor, TensorData, backend::Backend};
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors, tensor::Metadata};
 
-use super::{ParamKind, ParamSource, transpose_bytes, upload};
+use super::{ParamKind, ParamSource, Stored, StoredDtype, transpose_bytes, upload};
 use crate::error::{LoadError, Result};
 
 struct Shard {
@@ -112,6 +112,22 @@ impl ParamSource for SafetensorsSource {
 
     fn contains(&self, name: &str) -> bool {
         self.names.contains_key(name)
+    }
+
+    fn stored(&self, name: &str) -> Option<Stored<'_>> {
+        let (_, _, dtype, bytes) = self.raw(name)?;
+        let dtype = match dtype {
+            Dtype::U8 => StoredDtype::U8,
+            Dtype::F32 => StoredDtype::F32,
+            Dtype::F16 => StoredDtype::Other("F16"),
+            Dtype::BF16 => StoredDtype::Other("BF16"),
+            _ => StoredDtype::Other("another dtype"),
+        };
+        Some(Stored { dtype, bytes })
+    }
+
+    fn origin(&self) -> &Path {
+        &self.shards[0].path
     }
 }
 

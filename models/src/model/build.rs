@@ -14,21 +14,78 @@ use crate::config::{DecoderConfig, Family, from_hf_json};
 use crate::error::{LoadError, Result};
 use crate::loader::{GgufSource, ParamKind, ParamSource, RandomInit, SafetensorsSource};
 
+/// Makes each attention/MLP linear of a decoder being built, from the source's tensors under the
+/// layer's HF module path (`model.layers.3.mlp.up_proj`).
+pub trait MakeLinear<B: Backend> {
+    type Linear: Module<B>;
+
+    fn make<S: ParamSource>(&mut self, source: &mut S, name: &str, shape: LinearShape, device: &B::Device) -> Result<Self::Linear>;
+
+    /// Whether a stored tensor that is not one of the float model's belongs to this maker's
+    /// layers (a quantized format's extra tensors), so the loader does not refuse it.
+    fn consumes(&self, _name: &str) -> bool {
+        false
+    }
+}
+
+/// The shape of a linear layer being built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinearShape {
+    pub d_input: usize,
+    pub d_output: usize,
+    pub bias: bool,
+}
+
+/// Float linears read from the source, then passed through a function of the layer's name.
+pub struct MapFloat<F>(pub F);
+
+impl<B: Backend, L: Module<B>, F: FnMut(&str, Linear<B>) -> L> MakeLinear<B> for MapFloat<F> {
+    type Linear = L;
+
+    fn make<S: ParamSource>(&mut self, source: &mut S, name: &str, shape: LinearShape, device: &B::Device) -> Result<L> {
+        Ok((self.0)(name, float_linear(source, name, shape, device)?))
+    }
+}
+
+/// A float linear from `<name>.weight` (and `<name>.bias`). A 4-bit bitsandbytes weight there is
+/// refused with a pointer to the 4-bit loader.
+pub fn float_linear<B: Backend, S: ParamSource>(source: &mut S, name: &str, shape: LinearShape, device: &B::Device) -> Result<Linear<B>> {
+    let weight_name = format!("{name}.weight");
+    if kiln::ops::nf4::bnb::STATE_SUFFIXES.iter().any(|(s, _)| source.contains(&format!("{weight_name}.{s}"))) {
+        return Err(LoadError::tensor(source.origin(), weight_name, "a bitsandbytes 4-bit weight: load the checkpoint with `load_nf4`"));
+    }
+    let LinearShape { d_input, d_output, bias } = shape;
+    let weight = source.param::<B, 2>(&weight_name, [d_input, d_output], ParamKind::Linear, device)?;
+    let bias = bias.then(|| source.param::<B, 1>(&format!("{name}.bias"), [d_output], ParamKind::Bias, device)).transpose()?;
+    Ok(Linear { weight: Param::from_tensor(weight), bias: bias.map(Param::from_tensor) })
+}
+
 /// Builds the decoder from `source`; each attention/MLP linear passes through `map` with its HF
 /// module path as it is built (quantize or wrap while loading, one layer in memory at a time).
 pub fn build<B: Backend, L: Module<B>, S: ParamSource>(
     config: &DecoderConfig,
     source: &mut S,
     device: &B::Device,
-    mut map: impl FnMut(&str, Linear<B>) -> L,
+    map: impl FnMut(&str, Linear<B>) -> L,
 ) -> Result<Decoder<B, L>> {
+    build_with(config, source, device, &mut MapFloat(map))
+}
+
+/// [`build`] with each linear made by `maker` from the source's tensors.
+pub fn build_with<B: Backend, M: MakeLinear<B>, S: ParamSource>(
+    config: &DecoderConfig,
+    source: &mut S,
+    device: &B::Device,
+    maker: &mut M,
+) -> Result<Decoder<B, M::Linear>> {
     let c = config;
     let mut b = Builder { source, device };
     let embed = b.source.param::<B, 2>("model.embed_tokens.weight", [c.vocab_size, c.hidden_size], ParamKind::Embedding, device)?;
-    let layers = (0..c.num_layers).map(|i| b.layer(c, i, &mut map)).collect::<Result<Vec<_>>>()?;
+    let layers = (0..c.num_layers).map(|i| b.layer(c, i, maker)).collect::<Result<Vec<_>>>()?;
     let norm = b.norm("model.norm", c.hidden_size, c.rms_norm_eps)?;
     // A checkpoint may store `lm_head.weight` even when tied (it equals the embedding then).
-    let lm_head = if c.tie_embeddings { None } else { Some(b.linear("lm_head", c.hidden_size, c.vocab_size, false)?) };
+    let head = LinearShape { d_input: c.hidden_size, d_output: c.vocab_size, bias: false };
+    let lm_head = if c.tie_embeddings { None } else { Some(float_linear(b.source, "lm_head", head, device)?) };
     Ok(Decoder {
         embed_tokens: Embedding { weight: Param::from_tensor(embed) },
         layers,
@@ -45,29 +102,17 @@ struct Builder<'a, S, D> {
 }
 
 impl<S: ParamSource, D> Builder<'_, S, D> {
-    fn linear<B: Backend<Device = D>>(&mut self, name: &str, d_in: usize, d_out: usize, bias: bool) -> Result<Linear<B>> {
-        let weight = self.source.param::<B, 2>(&format!("{name}.weight"), [d_in, d_out], ParamKind::Linear, self.device)?;
-        let bias = bias.then(|| self.source.param::<B, 1>(&format!("{name}.bias"), [d_out], ParamKind::Bias, self.device)).transpose()?;
-        Ok(Linear { weight: Param::from_tensor(weight), bias: bias.map(Param::from_tensor) })
-    }
-
     fn norm<B: Backend<Device = D>>(&mut self, name: &str, width: usize, epsilon: f64) -> Result<RmsNorm<B>> {
         let weight = self.source.param::<B, 1>(&format!("{name}.weight"), [width], ParamKind::Norm, self.device)?;
         Ok(RmsNorm { weight: Param::from_tensor(weight), epsilon })
     }
 
-    fn layer<B: Backend<Device = D>, L: Module<B>>(
-        &mut self,
-        c: &DecoderConfig,
-        i: usize,
-        map: &mut impl FnMut(&str, Linear<B>) -> L,
-    ) -> Result<DecoderLayer<B, L>> {
+    fn layer<B: Backend<Device = D>, M: MakeLinear<B>>(&mut self, c: &DecoderConfig, i: usize, maker: &mut M) -> Result<DecoderLayer<B, M::Linear>> {
         let p = format!("model.layers.{i}");
         let (d, f) = (c.hidden_size, c.intermediate_size);
         let (q, kv) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
-        let mut linear = |b: &mut Self, part: &str, d_in, d_out, bias| -> Result<L> {
-            let name = format!("{p}.{part}");
-            Ok(map(&name, b.linear(&name, d_in, d_out, bias)?))
+        let mut linear = |b: &mut Self, part: &str, d_input, d_output, bias| -> Result<M::Linear> {
+            maker.make(b.source, &format!("{p}.{part}"), LinearShape { d_input, d_output, bias }, b.device)
         };
         let self_attn = Attention {
             q_proj: linear(self, "self_attn.q_proj", d, q, c.qkv_bias)?,
@@ -128,6 +173,11 @@ pub fn load_with<B: Backend, L: Module<B>>(
     device: &B::Device,
     map: impl FnMut(&str, Linear<B>) -> L,
 ) -> Result<(Family, Decoder<B, L>)> {
+    load_made(dir, options, device, &mut MapFloat(map))
+}
+
+/// [`load`] with each attention/MLP linear made by `maker` from the checkpoint's tensors.
+pub fn load_made<B: Backend, M: MakeLinear<B>>(dir: &Path, options: &LoadOptions, device: &B::Device, maker: &mut M) -> Result<(Family, Decoder<B, M::Linear>)> {
     let limit = |config: DecoderConfig| match options.max_positions {
         Some(max) => config.with_max_positions(max.max(1)),
         None => config,
@@ -137,19 +187,23 @@ pub fn load_with<B: Backend, L: Module<B>>(
         if let Some(name) = source.unexpected(&expected_names(&config)) {
             return Err(LoadError::tensor(dir, name, "in the file but not in the model its metadata describes"));
         }
-        return Ok((family, build(&limit(config), &mut source, device, map)?));
+        return Ok((family, build_with(&limit(config), &mut source, device, maker)?));
     }
     let (family, config) = from_hf_json(dir)?;
     let mut source = SafetensorsSource::open(dir, options.dtype)?;
-    check_all_used(&source, &config, dir)?;
-    Ok((family, build(&limit(config), &mut source, device, map)?))
+    check_all_used(&source, &config, dir, |n| maker.consumes(n))?;
+    Ok((family, build_with(&limit(config), &mut source, device, maker)?))
 }
 
 /// A checkpoint tensor the config does not explain means the config and weights disagree (a
 /// bias the config omits, a layer too many): refuse rather than silently drop it.
-fn check_all_used(source: &SafetensorsSource, config: &DecoderConfig, dir: &Path) -> Result<()> {
+fn check_all_used(source: &SafetensorsSource, config: &DecoderConfig, dir: &Path, consumed: impl Fn(&str) -> bool) -> Result<()> {
+    let state = |n: &&str| kiln::ops::nf4::bnb::STATE_SUFFIXES.iter().any(|(s, _)| n.ends_with(s));
+    if let Some(name) = source.names().filter(state).filter(|n| !consumed(n)).min() {
+        return Err(LoadError::tensor(dir, name, "a bitsandbytes 4-bit checkpoint: load it with `load_nf4`"));
+    }
     let expected = expected_names(config);
-    let unused = source.names().filter(|n| !expected.contains(*n) && !is_ignorable(n, config)).min();
+    let unused = source.names().filter(|n| !expected.contains(*n) && !is_ignorable(n, config) && !consumed(n)).min();
     match unused {
         Some(name) => Err(LoadError::tensor(dir, name, "in the checkpoint but not in the model its config.json describes")),
         None => Ok(()),

@@ -4,6 +4,7 @@
 mod attention;
 pub mod build;
 mod mask;
+pub mod nf4;
 pub mod projection;
 
 use burn::module::Module;

@@ -6,8 +6,9 @@
 
 use burn::module::Module;
 use burn::tensor::{Tensor, backend::Backend};
-use kiln::nn::Linear;
+use kiln::nn::{Linear, Nf4Linear};
 use kiln::ops::matmul::MatmulBackend;
+use kiln::ops::nf4::Nf4Backend;
 
 /// A linear layer the decoder's attention and MLP call: `[batch, seq, in] → [batch, seq, out]`.
 pub trait Projection<B: Backend>: Module<B> {
@@ -17,5 +18,11 @@ pub trait Projection<B: Backend>: Module<B> {
 impl<B: MatmulBackend> Projection<B> for Linear<B> {
     fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         Linear::forward(self, x)
+    }
+}
+
+impl<B: Nf4Backend> Projection<B> for Nf4Linear<B> {
+    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        Nf4Linear::forward(self, x)
     }
 }

@@ -1,7 +1,8 @@
 //! 4-bit weights in bitsandbytes' NF4/FP4 format (the frozen base of QLoRA): quantization,
 //! dequantization, and products with activations that read the 4-bit weight directly.
 //!
-//! - [`format`]: the bit-level definition on the host ([`Packed4`]), exact against bitsandbytes.
+//! - [`format`]: the bit-level definition on the host ([`Packed4`]), exact against bitsandbytes;
+//!   [`bnb`] reads a weight as bitsandbytes saves it in HF checkpoints.
 //! - [`Quantized4`]: a weight `[n, k]` on the device (packed words, code book, block scales).
 //! - [`matmul_4bit`]: `x · Wᵀ` for `x [.., k]`. Up to [`GEMV_MAX_ROWS`] rows a GEMV dequantizes in
 //!   registers; more rows dequantize into a temporary weight and take kiln's GEMM (cuBLASLt on
@@ -9,6 +10,7 @@
 //!   optimizer state).
 
 mod backward;
+pub mod bnb;
 mod cube;
 pub mod format;
 mod fusion;

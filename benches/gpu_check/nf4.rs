@@ -1,0 +1,155 @@
+//! 4-bit weights on the H100: parity (the product and its input gradient in f32/bf16, the kernels'
+//! codes against the host format at Llama sizes) and the tables — GEMV, prefill products
+//! and a QLoRA step's forward+backward — next to bf16 (kiln); bitsandbytes and torch run in
+//! `peers/nf4.py` in the same call.
+
+use std::time::Instant;
+
+use burn::backend::{Autodiff, cuda::CudaDevice};
+use burn::tensor::{DType, Distribution, Tensor};
+use burn_cubecl::CubeBackend;
+use cubecl::cuda::CudaRuntime;
+use kiln::ops::{self, nf4::{Packed4, QuantType, Quantized4}};
+
+use super::common::checks::Nf4Case;
+use super::B;
+
+type Cube = CubeBackend<CudaRuntime, f32, i32, u8>;
+
+/// The GEMV shapes as `(k, n)` (weights `[n, k]`).
+const GEMV: [(usize, usize); 4] = [(4096, 4096), (4096, 11008), (11008, 4096), (8192, 28672)];
+/// Llama-7B linear shapes for the prefill products.
+const PREFILL: [(usize, usize); 3] = [(4096, 4096), (4096, 11008), (11008, 4096)];
+
+pub fn parity_cases() -> Vec<Nf4Case> {
+    let case = |m, k, n, kind, block, nested, seed| Nf4Case { m, k, n, kind, block, nested, seed };
+    vec![
+        case(1, 4096, 512, QuantType::Nf4, 64, true, 1),
+        case(3, 1000, 33, QuantType::Nf4, 64, false, 2),
+        case(8, 2048, 301, QuantType::Fp4, 128, true, 3),
+        case(17, 520, 96, QuantType::Nf4, 64, true, 4),
+        case(512, 1024, 257, QuantType::Nf4, 4096, false, 5),
+        case(2, 100, 9, QuantType::Nf4, 32, false, 6),
+    ]
+}
+
+/// The quantization kernel's codes and scales equal the host format's at Llama sizes (bf16 and
+/// f32 weights, plain and nested scales).
+pub fn exact_quantization(device: &CudaDevice) -> bool {
+    let mut ok = true;
+    for (dtype, [n, k]) in [(DType::BF16, [4096, 4096]), (DType::F32, [11008, 4096]), (DType::BF16, [33, 520])] {
+        let w = Tensor::<B, 2>::random([n, k], Distribution::Normal(0.0, 0.02), device).cast(dtype);
+        let host: Vec<f32> = w.clone().into_data().convert::<f32>().into_vec().unwrap();
+        for kind in [QuantType::Nf4, QuantType::Fp4] {
+            for (block, nested) in [(64, true), (128, false), (4096, false)] {
+                let start = Instant::now();
+                let ours = Quantized4::<B>::quantize(w.clone(), kind, block, nested);
+                let expected = Packed4::quantize(&host, &[n, k], kind, block, nested).unwrap();
+                let got = ours.to_host();
+                let codes = got.data.iter().zip(&expected.data).filter(|(a, b)| a != b).count();
+                let (a, b) = (got.absmax.values(), expected.absmax.values());
+                let scales = a.iter().zip(&b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+                let pass = codes == 0 && scales == 0;
+                ok &= pass;
+                println!(
+                    "parity nf4 quantize [{n}, {k}] {dtype:?} {kind:?} block {block} nested {nested}: {codes} code bytes and {scales} scales differ from the host format ({:.1} s) {}",
+                    start.elapsed().as_secs_f64(),
+                    if pass { "ok" } else { "FAIL" }
+                );
+            }
+        }
+    }
+    ok
+}
+
+fn weight<BK: burn::tensor::backend::Backend<Device = CudaDevice> + ops::nf4::Nf4Backend>(k: usize, n: usize, device: &CudaDevice) -> Quantized4<BK> {
+    let w = Tensor::<BK, 2>::random([n, k], Distribution::Normal(0.0, 0.02), device).cast(DType::BF16);
+    Quantized4::quantize(w, QuantType::Nf4, 64, true)
+}
+
+fn bf16<BK: burn::tensor::backend::Backend<Device = CudaDevice>, const D: usize>(shape: [usize; D], device: &CudaDevice) -> Tensor<BK, D> {
+    Tensor::<BK, D>::random(shape, Distribution::Normal(0.0, 1.0), device).cast(DType::BF16)
+}
+
+/// GEMV (1 and 8 rows): per-call time through Burn (fusion) and the GPU's own time (on
+/// `CubeBackend`, calls enqueued behind busy work), bytes of the 4-bit weight read per product,
+/// next to kiln's bf16 GEMV on the same shapes.
+pub fn bench_gemv(device: &CudaDevice) {
+    for (k, n) in GEMV {
+        let w = weight::<B>(k, n, device);
+        let wc = weight::<Cube>(k, n, device);
+        let dense = bf16::<B, 2>([k, n], device);
+        let dense_c = bf16::<Cube, 2>([k, n], device);
+        for m in [1, 8] {
+            let (x, xc) = (bf16::<B, 2>([m, k], device), bf16::<Cube, 2>([m, k], device));
+            let per_call = super::time_adaptive(device, 0.05, 2000, || ops::matmul_4bit(x.clone(), &w));
+            let (gpu, enqueue) = super::gpu_time_per_call::<Cube, _>(device, 300, || ops::matmul_4bit(xc.clone(), &wc));
+            let bf_call = super::time_adaptive(device, 0.05, 2000, || ops::matmul(x.clone(), dense.clone()));
+            let (bf_gpu, _) = super::gpu_time_per_call::<Cube, _>(device, 300, || ops::matmul(xc.clone(), dense_c.clone()));
+            let packed = w.bytes() as f64 + 2.0 * (m * (k + n)) as f64;
+            let dense_bytes = 2.0 * (k * n + m * (k + n)) as f64;
+            println!(
+                "bench nf4 gemv m{m} k{k:<6} n{n:<6} kiln nf4: {:7.1} us/call, GPU {:6.1} us ({:5.0} GB/s of {:.1} MB packed; {:.1} us/call to enqueue) | kiln bf16: {:7.1} us/call, GPU {:6.1} us ({:5.0} GB/s) | nf4/bf16 GPU speedup {:.2}x",
+                per_call * 1e6,
+                gpu * 1e6,
+                packed / gpu / 1e9,
+                packed / 1e6,
+                enqueue / 300.0 * 1e6,
+                bf_call * 1e6,
+                bf_gpu * 1e6,
+                dense_bytes / bf_gpu / 1e9,
+                bf_gpu / gpu
+            );
+        }
+    }
+}
+
+/// Prefill products (dequantize into a temporary, then cuBLASLt) next to the bf16 product.
+pub fn bench_prefill(device: &CudaDevice) {
+    for (k, n) in PREFILL {
+        let w = weight::<B>(k, n, device);
+        let dense = bf16::<B, 2>([k, n], device);
+        for m in [512, 2048, 8192] {
+            let x = bf16::<B, 2>([m, k], device);
+            let t = super::time_adaptive(device, 0.1, 200, || ops::matmul_4bit(x.clone(), &w));
+            let bf = super::time_adaptive(device, 0.1, 200, || ops::matmul(x.clone(), dense.clone()));
+            let flops = 2.0 * (m * k * n) as f64;
+            println!(
+                "bench nf4 prefill m{m:<5} k{k:<6} n{n:<6} kiln nf4 {:8.3} ms ({:4.0} TF/s) | kiln bf16 {:8.3} ms ({:4.0} TF/s) | nf4/bf16 {:.2}x",
+                t * 1e3,
+                flops / t / 1e12,
+                bf * 1e3,
+                flops / bf / 1e12,
+                bf / t
+            );
+        }
+    }
+}
+
+/// A QLoRA step's base layer: forward and input gradient through `Autodiff` at 4096 → 11008,
+/// 4096 tokens (the frozen weight gets no gradient).
+pub fn bench_qlora_step(device: &CudaDevice) {
+    type Ad = Autodiff<B>;
+    let (m, k, n) = (4096, 4096, 11008);
+    let w = weight::<Ad>(k, n, device);
+    let x = bf16::<Ad, 2>([m, k], device).require_grad();
+    let dy = bf16::<Ad, 2>([m, n], device);
+    let step = || {
+        let y = ops::matmul_4bit(x.clone(), &w);
+        let grads = (y * dy.clone()).sum().backward();
+        x.grad(&grads).unwrap()
+    };
+    let t = super::time_adaptive(device, 0.2, 50, step);
+    let loss_only = super::time_adaptive(device, 0.2, 50, || {
+        let y = dy.clone().require_grad();
+        let grads = (y.clone() * dy.clone()).sum().backward();
+        y.grad(&grads).unwrap()
+    });
+    let flops = 2.0 * 2.0 * (m * k * n) as f64;
+    println!(
+        "bench nf4 qlora step m{m} k{k} n{n} fwd+bwd(x): kiln {:.3} ms ({:.3} ms of it the loss ops; {:.0} TF/s net)",
+        t * 1e3,
+        loss_only * 1e3,
+        flops / (t - loss_only) / 1e12
+    );
+}
