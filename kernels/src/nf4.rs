@@ -185,7 +185,7 @@ fn dequantize_kernel<F: Float, N: Size>(
 /// shared memory; each vector of words has one scale, applied to its partial sums.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-fn gemv_kernel<F: Float, NX: Size, NW: Size, NP: Size>(
+fn gemv_kernel<F: Float, NX: Size, NW: Size>(
     x: &Array<Vector<F, NX>>,
     words: &Array<Vector<u32, NW>>,
     code: &Array<f32>,
@@ -197,30 +197,22 @@ fn gemv_kernel<F: Float, NX: Size, NW: Size, NP: Size>(
     n: usize,
     k: usize,
     #[comptime] rows: usize,
-    #[comptime] x_vector: usize,
+    #[comptime] x_per_word: usize,
     #[comptime] block: usize,
     #[comptime] nested: bool,
     #[comptime] layout: RowLayout,
     #[define(F)] _dtype: StorageType,
 ) {
-    // The values of both codes of every byte (first element, second element): one 8-byte shared
-    // load dequantizes two weights.
-    let mut pairs = SharedMemory::<Vector<f32, NP>>::new(256usize);
-    let mut slot = UNIT_POS as usize;
-    while slot < 256 {
-        let mut pair = Vector::<f32, NP>::empty();
-        pair[0] = code[slot >> 4];
-        pair[1] = code[slot & 15];
-        pairs[slot] = pair;
-        slot += CUBE_DIM as usize;
+    let mut lut = SharedMemory::<f32>::new(16usize);
+    let flat = UNIT_POS as usize;
+    if flat < 16 {
+        lut[flat] = code[flat];
     }
     sync_cube();
 
     let feature = row_index(layout);
     let valid = feature < n;
-    // Vectors of words in a row; `x_per_word` activation vectors (of `x_vector` = NX ≥ 2 values)
-    // span a word.
-    let x_per_word = comptime!(8 / x_vector);
+    // Vectors of words in a row; `x_per_word` activation vectors span a word (NX · x_per_word = 8).
     let vectors = k / (8 * NW::value());
     let first_vector = feature * vectors;
     let x_row = k / NX::value();
@@ -265,13 +257,12 @@ fn gemv_kernel<F: Float, NX: Size, NW: Size, NP: Size>(
                         xs[r] = x[r * x_row + x_first + xv];
                     }
                     #[unroll]
-                    for b in 0..comptime!(x_vector / 2) {
-                        let byte = comptime!(xv * x_vector / 2 + b);
-                        let w = pairs[((word >> (8 * byte) as u32) & 0xff) as usize];
+                    for e in 0..NX::value() {
+                        let j = (xv * NX::value() + e) as u32;
+                        let w = lut[((word >> nibble_shift(j)) & 15) as usize];
                         #[unroll]
                         for r in 0..rows {
-                            partial[r] = fma(f32::cast_from(xs[r][2 * b]), w[0], partial[r]);
-                            partial[r] = fma(f32::cast_from(xs[r][2 * b + 1]), w[1], partial[r]);
+                            partial[r] = fma(f32::cast_from(xs[r][e]), w, partial[r]);
                         }
                     }
                 }
@@ -397,7 +388,7 @@ pub fn launch_gemv<R: Runtime>(
     // Up to four words (32 codes, 16 bytes) a load where rows allow; activations in vectors of
     // up to eight (one word's worth).
     let word_vector = [4, 2, 1].into_iter().find(|v| k % (8 * v) == 0).unwrap_or(1);
-    let x_vector = crate::row::vector_size_for(client, 8, dtype.size(), 16).max(2);
+    let x_vector = crate::row::vector_size_for(client, 8, dtype.size(), 16);
     let layout = RowLayout::new(client, k / (8 * word_vector), word_vector, 4).expect("a row of words fits a row layout");
     let ScaleArgs { absmax, absmax_codes, nested_code, offset, nested } = scales;
     // SAFETY: `x` is `[rows, k]`, `words` holds `n · k / 8` words, `out` is `[rows, n]`; features
@@ -409,7 +400,6 @@ pub fn launch_gemv<R: Runtime>(
             layout.cube_dim(),
             x_vector,
             word_vector,
-            2,
             x,
             words,
             code,
@@ -421,7 +411,7 @@ pub fn launch_gemv<R: Runtime>(
             n,
             k,
             rows,
-            x_vector,
+            8 / x_vector,
             block,
             nested,
             layout,
