@@ -71,7 +71,7 @@ fn bf16<BK: burn::tensor::backend::Backend<Device = CudaDevice>, const D: usize>
     Tensor::<BK, D>::random(shape, Distribution::Normal(0.0, 1.0), device).cast(DType::BF16)
 }
 
-/// GEMV (1 and 8 rows): per-call time through Burn (fusion) and the GPU's own time (on
+/// GEMV (1, 4 and 8 rows; 8 takes dequantize + GEMM): per-call time through Burn (fusion) and the GPU's own time (on
 /// `CubeBackend`, calls enqueued behind busy work), bytes of the 4-bit weight read per product,
 /// next to kiln's bf16 GEMV on the same shapes.
 pub fn bench_gemv(device: &CudaDevice) {
@@ -80,7 +80,7 @@ pub fn bench_gemv(device: &CudaDevice) {
         let wc = weight::<Cube>(k, n, device);
         let dense = bf16::<B, 2>([k, n], device);
         let dense_c = bf16::<Cube, 2>([k, n], device);
-        for m in [1, 8] {
+        for m in [1, 4, 8] {
             let (x, xc) = (bf16::<B, 2>([m, k], device), bf16::<Cube, 2>([m, k], device));
             let per_call = super::time_adaptive(device, 0.05, 2000, || ops::matmul_4bit(x.clone(), &w));
             let (gpu, enqueue) = super::gpu_time_per_call::<Cube, _>(device, 300, || ops::matmul_4bit(xc.clone(), &wc));

@@ -1,6 +1,6 @@
 """bitsandbytes' NF4 (block 64, double quantization, as QLoRA uses it) and torch bf16 at the shapes
 of kiln's `nf4-bench` mode (benches/gpu_check/nf4.rs), in the same call:
-  * GEMV, 1 and 8 rows: wall time per call (back-to-back calls, median of three samples) and the
+  * GEMV, 1, 4 and 8 rows: wall time per call (back-to-back calls, median of three samples) and the
     GPU's own time per product (300 calls queued behind `torch.cuda._sleep`, CUDA events);
     bitsandbytes' `matmul_4bit` takes its inference kernel (`gemv_4bit`) for one row and
     dequantize + matmul for more;
@@ -35,7 +35,7 @@ def packed_bytes(q, state):
 def gemv():
     for k, n in GEMV:
         w, q, state = quantized(k, n)
-        for m in (1, 8):
+        for m in (1, 4, 8):
             x = torch.randn(m, k, device="cuda", dtype=bf)
             nf4 = lambda: bnb.matmul_4bit(x, q.t(), quant_state=state)
             dense = lambda: x @ w.t()

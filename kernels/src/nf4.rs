@@ -362,7 +362,11 @@ pub fn launch_dequantize<R: Runtime>(
 }
 
 /// The most activation rows the 4-bit GEMV takes; more go through dequantization and a GEMM.
-pub const GEMV_MAX_ROWS: usize = 8;
+/// The GEMV's time grows with the rows (each row's products are its own FMAs and activation
+/// loads), dequantize + GEMM's hardly does: on the H100 at 8192 → 28672 the GEMV took 98.5 µs at
+/// one row and 568 µs at eight, the dequantize + GEMM route ~360 µs (`benches/RESULTS.md`,
+/// 2026-11-25), so they cross near five rows.
+pub const GEMV_MAX_ROWS: usize = 4;
 
 /// Whether the GEMV takes a `[rows, k] · [n, k]ᵀ` product: few rows and whole words per row.
 pub fn gemv_fits(rows: usize, k: usize) -> bool {
