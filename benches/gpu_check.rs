@@ -546,6 +546,9 @@ fn main() {
         nf4::bench_prefill(&device);
         nf4::bench_qlora_step(&device);
     }
+    if mode == "nf4-gemv" {
+        nf4::bench_gemv(&device);
+    }
     if mode == "rms-norm-calls" {
         bench_rms_norm_calls(&device);
     }

@@ -62,16 +62,18 @@ pub fn exact_quantization(device: &CudaDevice) -> bool {
     ok
 }
 
+/// An NF4 weight at block 64, double-quantized unless `KILN_NF4_NESTED=0` (for measurements).
 fn weight<BK: burn::tensor::backend::Backend<Device = CudaDevice> + ops::nf4::Nf4Backend>(k: usize, n: usize, device: &CudaDevice) -> Quantized4<BK> {
     let w = Tensor::<BK, 2>::random([n, k], Distribution::Normal(0.0, 0.02), device).cast(DType::BF16);
-    Quantized4::quantize(w, QuantType::Nf4, 64, true)
+    let nested = std::env::var("KILN_NF4_NESTED").as_deref() != Ok("0");
+    Quantized4::quantize(w, QuantType::Nf4, 64, nested)
 }
 
 fn bf16<BK: burn::tensor::backend::Backend<Device = CudaDevice>, const D: usize>(shape: [usize; D], device: &CudaDevice) -> Tensor<BK, D> {
     Tensor::<BK, D>::random(shape, Distribution::Normal(0.0, 1.0), device).cast(DType::BF16)
 }
 
-/// GEMV (1, 4 and 8 rows; 8 takes dequantize + GEMM): per-call time through Burn (fusion) and the GPU's own time (on
+/// GEMV (1, 4 and 8 rows; 8 takes dequantize + GEMM; `KILN_NF4_ROWS=1,4` picks): per-call time through Burn (fusion) and the GPU's own time (on
 /// `CubeBackend`, calls enqueued behind busy work), bytes of the 4-bit weight read per product,
 /// next to kiln's bf16 GEMV on the same shapes.
 pub fn bench_gemv(device: &CudaDevice) {
@@ -80,7 +82,8 @@ pub fn bench_gemv(device: &CudaDevice) {
         let wc = weight::<Cube>(k, n, device);
         let dense = bf16::<B, 2>([k, n], device);
         let dense_c = bf16::<Cube, 2>([k, n], device);
-        for m in [1, 4, 8] {
+        let rows: Vec<usize> = std::env::var("KILN_NF4_ROWS").map(|v| v.split(',').filter_map(|r| r.parse().ok()).collect()).unwrap_or_else(|_| vec![1, 4, 8]);
+        for &m in &rows {
             let (x, xc) = (bf16::<B, 2>([m, k], device), bf16::<Cube, 2>([m, k], device));
             let per_call = super::time_adaptive(device, 0.05, 2000, || ops::matmul_4bit(x.clone(), &w));
             let (gpu, enqueue) = super::gpu_time_per_call::<Cube, _>(device, 300, || ops::matmul_4bit(xc.clone(), &wc));

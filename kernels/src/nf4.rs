@@ -393,7 +393,9 @@ pub fn launch_gemv<R: Runtime>(
     // up to eight (one word's worth).
     let word_vector = [4, 2, 1].into_iter().find(|v| k % (8 * v) == 0).unwrap_or(1);
     let x_vector = crate::row::vector_size_for(client, 8, dtype.size(), 16);
-    let layout = RowLayout::new(client, k / (8 * word_vector), word_vector, 4).expect("a row of words fits a row layout");
+    // Four 16-byte loads in flight per unit (`KILN_NF4_GEMV_VECTORS` overrides, for measurements).
+    let per_unit = crate::measurement_override("KILN_NF4_GEMV_VECTORS", 1..=16).unwrap_or(4);
+    let layout = RowLayout::new(client, k / (8 * word_vector), word_vector, per_unit).expect("a row of words fits a row layout");
     let ScaleArgs { absmax, absmax_codes, nested_code, offset, nested } = scales;
     // SAFETY: `x` is `[rows, k]`, `words` holds `n · k / 8` words, `out` is `[rows, n]`; features
     // past `n` compute nothing and store nothing.
