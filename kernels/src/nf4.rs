@@ -350,7 +350,7 @@ pub fn launch_dequantize<R: Runtime>(
         return;
     }
     let (count, dim) = crate::row::elementwise_geometry(client, units);
-    let vector = if len % 8 == 0 { 8 } else { 1 };
+    let vector = if len.is_multiple_of(8) { 8 } else { 1 };
     let ScaleArgs { absmax, absmax_codes, nested_code, offset, nested } = scales;
     // SAFETY: `words` has ⌈len/8⌉ words, `out` `len` elements, the scales one per block; units
     // past the last word exit.
@@ -370,7 +370,7 @@ pub const GEMV_MAX_ROWS: usize = 4;
 
 /// Whether the GEMV takes a `[rows, k] · [n, k]ᵀ` product: few rows and whole words per row.
 pub fn gemv_fits(rows: usize, k: usize) -> bool {
-    (1..=GEMV_MAX_ROWS).contains(&rows) && k % 8 == 0 && k > 0
+    (1..=GEMV_MAX_ROWS).contains(&rows) && k.is_multiple_of(8) && k > 0
 }
 
 /// `out [rows, n] = x [rows, k] · Wᵀ` for a 4-bit `W [n, k]` (see [`gemv_fits`]).
@@ -391,7 +391,7 @@ pub fn launch_gemv<R: Runtime>(
     assert!(gemv_fits(rows, k), "kiln nf4 gemv: {rows} rows of {k} features");
     // Up to four words (32 codes, 16 bytes) a load where rows allow; activations in vectors of
     // up to eight (one word's worth).
-    let word_vector = [4, 2, 1].into_iter().find(|v| k % (8 * v) == 0).unwrap_or(1);
+    let word_vector = [4, 2, 1].into_iter().find(|v| k.is_multiple_of(8 * v)).unwrap_or(1);
     let x_vector = crate::row::vector_size_for(client, 8, dtype.size(), 16);
     // Four 16-byte loads in flight per unit (`KILN_NF4_GEMV_VECTORS` overrides, for measurements).
     let per_unit = crate::measurement_override("KILN_NF4_GEMV_VECTORS", 1..=16).unwrap_or(4);

@@ -132,7 +132,7 @@ impl MetricsRendererTraining for LineRenderer {
         if let Some(valid) = self.valid_step.take() {
             println!("{}", Self::line("valid", &valid, &self.valid));
         }
-        if item.iteration.unwrap_or(0) % self.every == 0 {
+        if item.iteration.unwrap_or(0).is_multiple_of(self.every) {
             println!("{}", Self::line("train", &item, &self.train));
         }
     }

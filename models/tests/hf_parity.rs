@@ -95,7 +95,7 @@ fn f32_paths_match_transformers() {
         let reference_err = max_abs_err(&reference_logits, &exp.logits);
         let scale = exp.logits.iter().fold(0.0f64, |m, v| m.max(v.abs()));
         assert!(reference_err <= 1e-4 * scale.max(1.0), "{name}: f32 reference error {reference_err:.3e}");
-        assert_eq!(greedy(&reference, &[exp.prompt.clone()], exp.greedy.len())[0], exp.greedy, "{name}: NdArray greedy tokens");
+        assert_eq!(greedy(&reference, std::slice::from_ref(&exp.prompt), exp.greedy.len())[0], exp.greedy, "{name}: NdArray greedy tokens");
         #[cfg(feature = "wgpu")]
         if let Some(gpu) = &gpu {
             type W = burn::backend::Wgpu;
@@ -104,7 +104,7 @@ fn f32_paths_match_transformers() {
             let depth = model.config.intermediate_size as f64;
             let cmp = common::compare(&format!("{name} logits"), &kernel_logits, &reference_logits, &exp.logits, DType::F32, depth);
             common::assert_all(name, &[cmp]);
-            assert_eq!(greedy(&model, &[exp.prompt.clone()], exp.greedy.len())[0], exp.greedy, "{name}: wgpu greedy tokens");
+            assert_eq!(greedy(&model, std::slice::from_ref(&exp.prompt), exp.greedy.len())[0], exp.greedy, "{name}: wgpu greedy tokens");
         }
     }
 }

@@ -319,10 +319,7 @@ pub enum GemmKind {
 
 impl GemmCase {
     /// A view of `[a, r, c]` data, stored as `[a, c, r]` and transposed when `transposed`.
-    fn operand<B: Backend>(shape: [usize; 3], transposed: bool, seed: u64, dtype: DType, device: &B::Device) -> Tensor<B, 3>
-    where
-        B: burn::tensor::backend::AutodiffBackend,
-    {
+    fn operand<B: burn::tensor::backend::AutodiffBackend>(shape: [usize; 3], transposed: bool, seed: u64, dtype: DType, device: &B::Device) -> Tensor<B, 3> {
         if transposed {
             tensor::<B, 3>(&random(&[shape[0], shape[2], shape[1]], seed), dtype, device).require_grad()
         } else {

@@ -42,6 +42,7 @@ pub const STATE_SUFFIXES: [(&str, QuantType); 2] =
 
 /// Read the 4-bit weight `name` through `get(full tensor name)`.
 pub fn from_bnb<'a>(name: &str, get: impl Fn(&str) -> Option<Stored<'a>>) -> Result<Packed4, FormatError> {
+    let get = &get;
     let err = |what: &str, msg: String| FormatError(format!("{name}{what}: {msg}"));
     let (suffix, kind, state) = STATE_SUFFIXES
         .iter()
@@ -56,8 +57,8 @@ pub fn from_bnb<'a>(name: &str, get: impl Fn(&str) -> Option<Stored<'a>>) -> Res
     super::format::check_layout(n, &state.shape, block).map_err(|e| err(&format!(".{suffix}"), e.0))?;
     let blocks = n.div_ceil(block);
 
-    let weight = tensor(&get, name, "", StoredDtype::U8, n / 2)?;
-    let quant_map = floats(&tensor(&get, name, ".quant_map", StoredDtype::F32, 16)?);
+    let weight = tensor(get, name, "", StoredDtype::U8, n / 2)?;
+    let quant_map = floats(tensor(get, name, ".quant_map", StoredDtype::F32, 16)?);
     if quant_map.iter().zip(kind.code()).any(|(a, b)| a != b) {
         return Err(err(".quant_map", format!("{quant_map:?} is not bitsandbytes' {} code book", kind.name())));
     }
@@ -66,17 +67,17 @@ pub fn from_bnb<'a>(name: &str, get: impl Fn(&str) -> Option<Stored<'a>>) -> Res
             if state.nested_blocksize != Some(NESTED_BLOCK) {
                 return Err(err(&format!(".{suffix}"), format!("nested_blocksize {:?}; expected {NESTED_BLOCK}", state.nested_blocksize)));
             }
-            let nested_map = floats(&tensor(&get, name, ".nested_quant_map", StoredDtype::F32, 256)?);
+            let nested_map = floats(tensor(get, name, ".nested_quant_map", StoredDtype::F32, 256)?);
             if nested_map.iter().zip(DYNAMIC_CODE.iter()).any(|(a, b)| a != b) {
                 return Err(err(".nested_quant_map", "not bitsandbytes' signed dynamic code".into()));
             }
             Absmax::Nested {
-                codes: tensor(&get, name, ".absmax", StoredDtype::U8, blocks)?.to_vec(),
-                absmax: floats(&tensor(&get, name, ".nested_absmax", StoredDtype::F32, blocks.div_ceil(NESTED_BLOCK))?),
+                codes: tensor(get, name, ".absmax", StoredDtype::U8, blocks)?.to_vec(),
+                absmax: floats(tensor(get, name, ".nested_absmax", StoredDtype::F32, blocks.div_ceil(NESTED_BLOCK))?),
                 offset: offset as f32,
             }
         }
-        (None, None) => Absmax::Plain(floats(&tensor(&get, name, ".absmax", StoredDtype::F32, blocks)?)),
+        (None, None) => Absmax::Plain(floats(tensor(get, name, ".absmax", StoredDtype::F32, blocks)?)),
         _ => return Err(err(&format!(".{suffix}"), "nested_offset and the nested_absmax tensor must come together".into())),
     };
     Packed4::from_parts(kind, block, &state.shape, weight.to_vec(), absmax).map_err(|e| err("", e.0))

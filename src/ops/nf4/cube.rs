@@ -19,7 +19,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> Nf4Backend
         let layout = Layout4 { n: shape[0], k: shape[1], kind, block };
         let words = empty_like_device(&weight, [layout.words()], DType::I32);
         let absmax = empty_like_device(&weight, [layout.blocks()], DType::F32);
-        let thresholds = host_floats::<R, F, I, BT>(&kind.thresholds(), &weight);
+        let thresholds = host_floats::<R, F, I, BT>(kind.thresholds(), &weight);
         let code = host_floats::<R, F, I, BT>(kind.code(), &weight);
         launch_quantize(
             &weight.client.clone(),

@@ -32,7 +32,8 @@ pub const BLOCK_SIZES: [usize; 8] = [32, 64, 128, 256, 512, 1024, 2048, 4096];
 /// Block size of the second (8-bit) quantization of the absmax values.
 pub const NESTED_BLOCK: usize = 256;
 
-/// NF4 values by code (bitsandbytes' `nf4_dequantization_lut`).
+/// NF4 values by code (bitsandbytes' `nf4_dequantization_lut`, its literals as written).
+#[allow(clippy::excessive_precision)]
 pub const NF4_CODE: [f32; 16] = [
     -1.0,
     -0.696_192_800_998_687_7,
@@ -55,6 +56,7 @@ pub const NF4_CODE: [f32; 16] = [
 /// NF4 rounding thresholds, ascending: the code of `x` is the number of thresholds below it
 /// (bitsandbytes' `dQuantizeNF4` decision tree, whose pivots these are). A NaN (a block of zeros
 /// scaled by `1 / 0`) exceeds none and takes code 0, as in bitsandbytes.
+#[allow(clippy::excessive_precision)]
 const NF4_THRESHOLDS: [f32; 15] = [
     -0.848_096_400_499_343_9,
     -0.610_632_926_225_662_2,
@@ -75,10 +77,12 @@ const NF4_THRESHOLDS: [f32; 15] = [
 
 /// FP4 magnitudes by the low three bits of the code (bitsandbytes' `fp4_dequantization_lut`);
 /// bit 3 is the sign.
+#[allow(clippy::excessive_precision)]
 const FP4_MAGNITUDE: [f32; 8] = [0.0, 0.005_208_333_333, 0.666_666_67, 1.0, 0.333_333_33, 0.5, 0.166_666_67, 0.25];
 
 /// FP4 magnitude thresholds, ascending, and the 3-bit code of each magnitude interval
 /// (bitsandbytes' `dQuantizeFP4` tree).
+#[allow(clippy::excessive_precision)]
 const FP4_THRESHOLDS: [f32; 7] = [0.002_604_17, 0.085_937_5, 0.208_333_33, 0.291_666_67, 0.416_666_7, 0.583_333, 0.833_333_3];
 const FP4_RANK_CODE: [u8; 8] = [0b000, 0b001, 0b110, 0b111, 0b100, 0b101, 0b010, 0b011];
 
@@ -336,7 +340,7 @@ impl Packed4 {
     pub fn quantize(values: &[f32], shape: &[usize], kind: QuantType, block: usize, double_quant: bool) -> Result<Self, FormatError> {
         check_layout(values.len(), shape, block)?;
         let mut data = vec![0u8; values.len() / 2];
-        let absmax = quantize_blocks(values, block, |x| kind.quantize(x), |i, c| data[i / 2] |= if i % 2 == 0 { c << 4 } else { c });
+        let absmax = quantize_blocks(values, block, |x| kind.quantize(x), |i, c| data[i / 2] |= if i.is_multiple_of(2) { c << 4 } else { c });
         let absmax = if double_quant { Absmax::nested(&absmax) } else { Absmax::Plain(absmax) };
         Ok(Self { kind, block, shape: shape.to_vec(), data, absmax })
     }
@@ -375,7 +379,7 @@ impl Packed4 {
     /// The code of element `i`.
     pub fn code_at(&self, i: usize) -> u8 {
         let byte = self.data[i / 2];
-        if i % 2 == 0 { byte >> 4 } else { byte & 0x0f }
+        if i.is_multiple_of(2) { byte >> 4 } else { byte & 0x0f }
     }
 
     /// The dequantized values in f32 (code value × block absmax, as bitsandbytes computes them).
@@ -425,7 +429,7 @@ pub(crate) fn check_layout(n: usize, shape: &[usize], block: usize) -> Result<()
     if !BLOCK_SIZES.contains(&block) {
         return Err(FormatError(format!("block size {block} is not one of {BLOCK_SIZES:?}")));
     }
-    if n == 0 || n % 2 != 0 {
+    if n == 0 || !n.is_multiple_of(2) {
         return Err(FormatError(format!("shape {shape:?} has {n} elements; 4-bit packing needs a positive even count")));
     }
     Ok(())
