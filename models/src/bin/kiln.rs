@@ -1,7 +1,8 @@
 //! `kiln`: run HF Llama/Qwen/Mistral checkpoints on kiln's kernels.
 //!
-//! - `kiln generate --model DIR --prompt TEXT [--chat]` streams the continuation and ends with
-//!   prefill and decode tokens/s.
+//! - `kiln generate --model DIR --prompt TEXT [--chat] [--nf4]` streams the continuation and ends
+//!   with prefill and decode tokens/s. A checkpoint saved with bitsandbytes 4-bit weights runs in
+//!   4 bits; `--nf4` quantizes a float one to NF4 while loading.
 //! - `kiln info DIR` prints the config, the parameter count and the memory it needs.
 
 use std::io::Write;
@@ -16,10 +17,10 @@ use kiln_models::config::from_hf_json;
 use kiln_models::generation::StopStrings;
 use kiln_models::gguf::GgufFile;
 use kiln_models::loader::{SafetensorsSource, config_from_gguf};
-use kiln_models::model::build::build;
+use kiln_models::model::{Decoder, Projection};
 use kiln_models::runtime::{OnBackend, dispatch};
 use kiln_models::tokenizer::TextStream;
-use kiln_models::{FloatDecoder, GenerationConfig, LoadOptions, Message, SamplingConfig, Tokenizer, load};
+use kiln_models::{GenerationConfig, LoadOptions, MakeLinear, MapFloat, Message, Nf4Maker, Nf4Options, SamplingConfig, Tokenizer, build_with, load, load_nf4};
 
 #[derive(Parser)]
 #[command(name = "kiln", about = "Run HF Llama, Qwen and Mistral checkpoints on kiln's fused kernels")]
@@ -93,6 +94,10 @@ struct GenerateArgs {
     /// Dtype the weights are loaded in (default: bf16 on CUDA, f32 elsewhere).
     #[arg(long, value_enum)]
     dtype: Option<Dtype>,
+    /// Quantize the attention and MLP linears to NF4 while loading (QLoRA's format: block 64,
+    /// double quantization). Checkpoints stored in 4 bits by bitsandbytes load in 4 bits anyway.
+    #[arg(long)]
+    nf4: bool,
 }
 
 fn main() {
@@ -161,20 +166,51 @@ impl OnBackend for GenerateArgs {
             tokenizer.encode(&self.prompt, true)
         }
         .map_err(|e| e.to_string())?;
-        let positions = prompt.len() + self.max_new_tokens;
-        let model: FloatDecoder<B> = if gguf.is_some() {
-            load::<B>(&self.model, &LoadOptions { dtype, max_positions: Some(positions) }, &device).map_err(|e| e.to_string())?.1
+        let options = LoadOptions { dtype, max_positions: Some(prompt.len() + self.max_new_tokens) };
+        let err = |e: kiln_models::LoadError| e.to_string();
+        if gguf.is_some() {
+            return match self.nf4 {
+                true => self.stream(&load_nf4::<B>(&self.model, &options, Nf4Options::default(), &device).map_err(err)?.1, &tokenizer, &prompt),
+                false => self.stream(&load::<B>(&self.model, &options, &device).map_err(err)?.1, &tokenizer, &prompt),
+            };
+        }
+        let source = SafetensorsSource::open(&self.model, dtype).map_err(err)?;
+        let stores_4bit = source.names().any(|n| kiln::ops::nf4::bnb::STATE_SUFFIXES.iter().any(|(s, _)| n.ends_with(s)));
+        if self.nf4 || stores_4bit {
+            eprintln!("kiln: 4-bit linears ({})", if stores_4bit { "as stored by bitsandbytes" } else { "NF4, quantized while loading" });
+            let model = load_with_progress::<B, _>(&self.model, source, &options, &device, &mut Nf4Maker::default())?;
+            self.stream(&model, &tokenizer, &prompt)
         } else {
-            let config = from_hf_json(&self.model).map_err(|e| e.to_string())?.1.with_max_positions(positions);
-            let mut source = SafetensorsSource::open(&self.model, dtype).map_err(|e| e.to_string())?;
-            let bar = ProgressBar::new(source.total_bytes());
-            bar.set_style(ProgressStyle::with_template("loading {bar:40} {bytes}/{total_bytes} {elapsed}").map_err(|e| e.to_string())?);
-            let tick = bar.clone();
-            source = source.with_progress(move |bytes| tick.inc(bytes));
-            let model = build::<B, _, _>(&config, &mut source, &device, |_, l| l).map_err(|e| e.to_string())?;
-            bar.finish_and_clear();
-            model
-        };
+            let model = load_with_progress::<B, _>(&self.model, source, &options, &device, &mut MapFloat(|_: &str, l| l))?;
+            self.stream(&model, &tokenizer, &prompt)
+        }
+    }
+}
+
+/// A HF checkpoint built layer by layer by `maker`, with a progress bar over the bytes read.
+fn load_with_progress<B: KilnBackend, M: MakeLinear<B>>(
+    dir: &Path,
+    source: SafetensorsSource,
+    options: &LoadOptions,
+    device: &B::Device,
+    maker: &mut M,
+) -> Result<Decoder<B, M::Linear>, String> {
+    let mut config = from_hf_json(dir).map_err(|e| e.to_string())?.1;
+    if let Some(positions) = options.max_positions {
+        config = config.with_max_positions(positions);
+    }
+    let bar = ProgressBar::new(source.total_bytes());
+    bar.set_style(ProgressStyle::with_template("loading {bar:40} {bytes}/{total_bytes} {elapsed}").map_err(|e| e.to_string())?);
+    let tick = bar.clone();
+    let mut source = source.with_progress(move |bytes| tick.inc(bytes));
+    let model = build_with(&config, &mut source, device, maker).map_err(|e| e.to_string())?;
+    bar.finish_and_clear();
+    Ok(model)
+}
+
+impl GenerateArgs {
+    /// Generate from `prompt` with `model`, streaming the text, then print the speeds.
+    fn stream<B: KilnBackend, L: Projection<B>>(&self, model: &Decoder<B, L>, tokenizer: &Tokenizer, prompt: &[u32]) -> Result<(), String> {
         let config = &model.config;
         let mut stop_tokens = config.eos_token_ids.clone();
         stop_tokens.extend(["<|eot_id|>", "<|im_end|>", "<|end_of_text|>", "<|endoftext|>"].iter().filter_map(|t| tokenizer.token_id(t)));
@@ -198,11 +234,11 @@ impl OnBackend for GenerateArgs {
         let mut stream = TextStream::default();
         let mut stops = StopStrings::new(self.stop.clone());
         let mut out = std::io::stdout();
-        for step in model.generate(std::slice::from_ref(&prompt), generation) {
+        for step in model.generate(&[prompt.to_vec()], generation) {
             first.get_or_insert_with(Instant::now);
             let Some(id) = step[0] else { break };
             count += 1;
-            let (text, stopped) = stops.push(&stream.push(&tokenizer, id).map_err(|e| e.to_string())?);
+            let (text, stopped) = stops.push(&stream.push(tokenizer, id).map_err(|e| e.to_string())?);
             print!("{text}");
             out.flush().ok();
             if stopped {
