@@ -175,7 +175,7 @@ impl OnBackend for GenerateArgs {
             };
         }
         let source = SafetensorsSource::open(&self.model, dtype).map_err(err)?;
-        let stores_4bit = source.names().any(|n| kiln::ops::nf4::bnb::STATE_SUFFIXES.iter().any(|(s, _)| n.ends_with(s)));
+        let stores_4bit = source.names().any(kiln::ops::nf4::bnb::is_state);
         if self.nf4 || stores_4bit {
             eprintln!("kiln: 4-bit linears ({})", if stores_4bit { "as stored by bitsandbytes" } else { "NF4, quantized while loading" });
             let model = load_with_progress::<B, _>(&self.model, source, &options, &device, &mut Nf4Maker::default())?;

@@ -51,7 +51,7 @@ impl<B: Backend, L: Module<B>, F: FnMut(&str, Linear<B>) -> L> MakeLinear<B> for
 /// refused with a pointer to the 4-bit loader.
 pub fn float_linear<B: Backend, S: ParamSource>(source: &mut S, name: &str, shape: LinearShape, device: &B::Device) -> Result<Linear<B>> {
     let weight_name = format!("{name}.weight");
-    if kiln::ops::nf4::bnb::STATE_SUFFIXES.iter().any(|(s, _)| source.contains(&format!("{weight_name}.{s}"))) {
+    if kiln::ops::nf4::bnb::stored_4bit(&weight_name, |n| source.contains(n)) {
         return Err(LoadError::tensor(source.origin(), weight_name, "a bitsandbytes 4-bit weight: load the checkpoint with `load_nf4`"));
     }
     let LinearShape { d_input, d_output, bias } = shape;
@@ -198,8 +198,7 @@ pub fn load_made<B: Backend, M: MakeLinear<B>>(dir: &Path, options: &LoadOptions
 /// A checkpoint tensor the config does not explain means the config and weights disagree (a
 /// bias the config omits, a layer too many): refuse rather than silently drop it.
 fn check_all_used(source: &SafetensorsSource, config: &DecoderConfig, dir: &Path, consumed: impl Fn(&str) -> bool) -> Result<()> {
-    let state = |n: &&str| kiln::ops::nf4::bnb::STATE_SUFFIXES.iter().any(|(s, _)| n.ends_with(s));
-    if let Some(name) = source.names().filter(state).filter(|n| !consumed(n)).min() {
+    if let Some(name) = source.names().filter(|n| kiln::ops::nf4::bnb::is_state(n) && !consumed(n)).min() {
         return Err(LoadError::tensor(dir, name, "a bitsandbytes 4-bit checkpoint: load it with `load_nf4`"));
     }
     let expected = expected_names(config);

@@ -32,9 +32,6 @@ impl Default for Nf4Options {
     }
 }
 
-/// The tensors bitsandbytes stores next to a 4-bit weight `<w>`, as suffixes of `<w>`.
-const BNB_EXTRAS: [&str; 6] = [".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map", ".quant_state.bitsandbytes__nf4", ".quant_state.bitsandbytes__fp4"];
-
 /// Makes [`Nf4Linear`]s: from bitsandbytes' tensors where the checkpoint has them, else by
 /// quantizing the float weight with its options.
 #[derive(Debug, Clone, Copy, Default)]
@@ -45,8 +42,7 @@ impl<B: Nf4Backend> MakeLinear<B> for Nf4Maker {
 
     fn make<S: ParamSource>(&mut self, source: &mut S, name: &str, shape: LinearShape, device: &B::Device) -> Result<Nf4Linear<B>> {
         let weight = format!("{name}.weight");
-        let stored_4bit = bnb::STATE_SUFFIXES.iter().any(|(s, _)| source.contains(&format!("{weight}.{s}")));
-        if !stored_4bit {
+        if !bnb::stored_4bit(&weight, |n| source.contains(n)) {
             let Nf4Options { kind, block, double_quant } = self.0;
             return Ok(Nf4Linear::from_linear(&float_linear(source, name, shape, device)?, kind, block, double_quant));
         }
@@ -60,7 +56,7 @@ impl<B: Nf4Backend> MakeLinear<B> for Nf4Maker {
     }
 
     fn consumes(&self, name: &str) -> bool {
-        BNB_EXTRAS.iter().any(|s| name.ends_with(s))
+        bnb::is_stored_part(name)
     }
 }
 

@@ -40,6 +40,25 @@ struct QuantState {
 pub const STATE_SUFFIXES: [(&str, QuantType); 2] =
     [("quant_state.bitsandbytes__nf4", QuantType::Nf4), ("quant_state.bitsandbytes__fp4", QuantType::Fp4)];
 
+/// The tensors bitsandbytes stores beside a 4-bit weight `<w>`, as suffixes of `<w>` (besides the
+/// states of [`STATE_SUFFIXES`]).
+const PART_SUFFIXES: [&str; 4] = ["absmax", "quant_map", "nested_absmax", "nested_quant_map"];
+
+/// Whether `name` is a 4-bit weight's stored state (`<w>.quant_state.bitsandbytes__nf4`).
+pub fn is_state(name: &str) -> bool {
+    STATE_SUFFIXES.iter().any(|(s, _)| name.strip_suffix(s).is_some_and(|w| w.ends_with('.')))
+}
+
+/// Whether `name` is one of the tensors bitsandbytes stores beside a 4-bit weight.
+pub fn is_stored_part(name: &str) -> bool {
+    is_state(name) || PART_SUFFIXES.iter().any(|s| name.strip_suffix(s).is_some_and(|w| w.ends_with('.')))
+}
+
+/// Whether the weight `weight` (`<module>.weight`) is stored in 4 bits, by `contains(name)`.
+pub fn stored_4bit(weight: &str, contains: impl Fn(&str) -> bool) -> bool {
+    STATE_SUFFIXES.iter().any(|(s, _)| contains(&format!("{weight}.{s}")))
+}
+
 /// Read the 4-bit weight `name` through `get(full tensor name)`.
 pub fn from_bnb<'a>(name: &str, get: impl Fn(&str) -> Option<Stored<'a>>) -> Result<Packed4, FormatError> {
     let get = &get;
