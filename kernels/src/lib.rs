@@ -13,6 +13,7 @@
 #[cfg(feature = "cuda")]
 pub mod cuda_source;
 pub mod flash_attention;
+pub mod lora;
 pub mod matmul;
 pub mod nf4;
 pub mod rms_norm;

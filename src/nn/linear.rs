@@ -1,5 +1,5 @@
 use burn::config::Config;
-use burn::module::{Initializer, Module, Param};
+use burn::module::{Initializer, Module, ModuleDisplay, Param};
 use burn::tensor::{Tensor, backend::Backend};
 
 use crate::ops::matmul::{MatmulBackend, linear, linear_residual};
@@ -50,5 +50,29 @@ impl<B: Backend> From<burn::nn::Linear<B>> for Linear<B> {
     /// Take over a Burn `Linear` (its parameters, ids included, so optimizer state carries over).
     fn from(l: burn::nn::Linear<B>) -> Self {
         Self { weight: l.weight, bias: l.bias }
+    }
+}
+
+/// A linear layer as the layers built around it see one: a forward over the last axis and its
+/// widths. Implemented by [`Linear`], [`crate::nn::Nf4Linear`] and [`crate::nn::LoraLinear`], so
+/// an adapter wraps any of them and a model takes any of them as its projections.
+pub trait LinearLayer<B: Backend>: Module<B> + ModuleDisplay {
+    /// `[.., d_input] → [.., d_output]`.
+    fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D>;
+    fn d_input(&self) -> usize;
+    fn d_output(&self) -> usize;
+}
+
+impl<B: MatmulBackend> LinearLayer<B> for Linear<B> {
+    fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        Linear::forward(self, x)
+    }
+
+    fn d_input(&self) -> usize {
+        self.weight.shape()[0]
+    }
+
+    fn d_output(&self) -> usize {
+        self.weight.shape()[1]
     }
 }

@@ -2,7 +2,7 @@ use burn::config::Config;
 use burn::module::{Module, Param, ParamId};
 use burn::tensor::{DType, Int, Tensor, backend::Backend};
 
-use crate::nn::Linear;
+use crate::nn::{Linear, LinearLayer};
 use crate::ops::nf4::{FormatError, Layout4, Nf4Backend, Packed4, Parts4, QuantType, Quantized4, Scales, matmul_4bit};
 
 /// Configuration of [`Nf4Linear`]; the defaults are QLoRA's (NF4, block 64, double quantization).
@@ -161,5 +161,19 @@ impl<B: Backend> Nf4Linear<B> {
     pub fn memory(&self) -> Nf4Memory {
         let w = self.weight();
         Nf4Memory { weight_bytes: w.bytes(), bits_per_weight: w.bits_per_value(), bf16_bytes: 2 * w.layout.len() }
+    }
+}
+
+impl<B: Nf4Backend> LinearLayer<B> for Nf4Linear<B> {
+    fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        Nf4Linear::forward(self, x)
+    }
+
+    fn d_input(&self) -> usize {
+        self.layout.k
+    }
+
+    fn d_output(&self) -> usize {
+        self.layout.n
     }
 }

@@ -2,6 +2,7 @@
 //! implementation, CubeCL implementation, fusion registration and autodiff backward.
 
 pub mod flash_attention;
+pub mod lora;
 pub mod matmul;
 pub mod nf4;
 pub mod rms_norm;
@@ -10,6 +11,7 @@ pub mod rope;
 pub mod swiglu;
 
 pub use flash_attention::{AttentionOptions, flash_attention};
+pub use lora::lora;
 pub use matmul::{linear, linear_residual, matmul};
 pub use nf4::matmul_4bit;
 pub use rms_norm::{rms_norm, rms_norm_residual};

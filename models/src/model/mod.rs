@@ -125,6 +125,26 @@ impl<B: Backend, L: Module<B>> Decoder<B, L> {
             .collect();
         Decoder { embed_tokens: self.embed_tokens, layers, norm: self.norm, lm_head: self.lm_head, rope: self.rope, config: self.config }
     }
+
+    /// Every linear of the attention and MLP blocks with its HF module path, in the order
+    /// [`Decoder::map_linears`] visits them.
+    pub fn linears(&self) -> Vec<(String, &L)> {
+        let mut all = Vec::with_capacity(7 * self.layers.len());
+        for (i, layer) in self.layers.iter().enumerate() {
+            let a = &layer.self_attn;
+            let parts = [
+                ("self_attn.q_proj", &a.q_proj),
+                ("self_attn.k_proj", &a.k_proj),
+                ("self_attn.v_proj", &a.v_proj),
+                ("self_attn.o_proj", &a.o_proj),
+                ("mlp.gate_proj", &layer.gate_proj),
+                ("mlp.up_proj", &layer.up_proj),
+                ("mlp.down_proj", &layer.down_proj),
+            ];
+            all.extend(parts.map(|(part, l)| (format!("model.layers.{i}.{part}"), l)));
+        }
+        all
+    }
 }
 
 impl<B: KilnBackend, L: Projection<B>> DecoderLayer<B, L> {

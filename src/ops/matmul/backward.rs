@@ -1,5 +1,5 @@
 //! Dense products under `Autodiff`. With `G = dOut`:
-//! `d op(lhs) = G · op(rhs)ᵀ` and `d op(rhs) = op(lhs)ᵀ · G`, each one more product through the
+//! `d op(lhs) = s · G · op(rhs)ᵀ` and `d op(rhs) = s · op(lhs)ᵀ · G` (`s` the product's scale), each one more product through the
 //! same backend op with transpose flags (no transposed copies); `d bias = Σ_rows G`,
 //! `d residual = G`. A shared (batch-1) operand's gradient is summed over the batch. The gradient
 //! products read the saved operands and `G` through rank-3 views and return each operand's own
@@ -27,7 +27,7 @@ struct Saved<B: MatmulBackend> {
     bias: bool,
 }
 
-/// One operand's gradient `op(a) · op(b)` (views `a_view`, `b_view` of the tensors given), in the
+/// One operand's gradient `scale · op(a) · op(b)` (views `a_view`, `b_view` of the tensors given), in the
 /// operand's own `shape`: the views and the reshape back happen inside the backend op, as in the
 /// forward. An operand shared by every batch (view batch 1 against a larger product batch) gets
 /// the `[batch, r, c]` product summed over the batch.
@@ -38,11 +38,12 @@ fn operand_grad<B: MatmulBackend>(
     b: FloatTensor<B>,
     b_view: &Shape,
     layout: GemmLayout,
+    scale: f32,
     operand_view: &Shape,
     shape: Shape,
 ) -> FloatTensor<B> {
     let product = GemmViews::rank3(a_view.clone(), b_view.clone(), layout).out;
-    let views = |out| GemmViews { layout, lhs: a_view.clone(), rhs: b_view.clone(), out };
+    let views = |out| GemmViews::new(a_view.clone(), b_view.clone(), out, layout).scaled(scale);
     if operand_view[0] == 1 && product[0] != 1 {
         let summed = B::float_sum_dim(B::gemm(a, b, None, None, views(product)), 0);
         B::float_reshape(summed, shape)
@@ -60,14 +61,14 @@ fn operand_grads<B: MatmulBackend>(s: &Saved<B>, g: FloatTensor<B>) -> (FloatTen
     let (lhs, rhs) = (s.lhs.clone(), s.rhs.clone());
     let (lhs_shape, rhs_shape) = (lhs.shape(), rhs.shape());
     let d_lhs = if tl {
-        operand_grad::<B>(rhs.clone(), &v.rhs, g.clone(), &g_view, GemmLayout::new(tr, true), &v.lhs, lhs_shape)
+        operand_grad::<B>(rhs.clone(), &v.rhs, g.clone(), &g_view, GemmLayout::new(tr, true), v.scale, &v.lhs, lhs_shape)
     } else {
-        operand_grad::<B>(g.clone(), &g_view, rhs, &v.rhs, GemmLayout::new(false, !tr), &v.lhs, lhs_shape)
+        operand_grad::<B>(g.clone(), &g_view, rhs, &v.rhs, GemmLayout::new(false, !tr), v.scale, &v.lhs, lhs_shape)
     };
     let d_rhs = if tr {
-        operand_grad::<B>(g, &g_view, lhs, &v.lhs, GemmLayout::new(true, tl), &v.rhs, rhs_shape)
+        operand_grad::<B>(g, &g_view, lhs, &v.lhs, GemmLayout::new(true, tl), v.scale, &v.rhs, rhs_shape)
     } else {
-        operand_grad::<B>(lhs, &v.lhs, g, &g_view, GemmLayout::new(!tl, false), &v.rhs, rhs_shape)
+        operand_grad::<B>(lhs, &v.lhs, g, &g_view, GemmLayout::new(!tl, false), v.scale, &v.rhs, rhs_shape)
     };
     (d_lhs, d_rhs)
 }

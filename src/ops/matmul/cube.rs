@@ -22,16 +22,17 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> MatmulBack
         let (lhs, rhs, residual) = viewed::<Self>(lhs, rhs, residual, &views);
         let path = Path::from_env();
         let mut out = None;
-        if matches!(path, Path::Auto | Path::Skinny) {
+        // The skinny kernel has no scale in its epilogue: scaled products take the other paths.
+        if matches!(path, Path::Auto | Path::Skinny) && views.scale == 1.0 {
             let cublaslt_next = path == Path::Auto && on_cuda(&lhs);
             let wanted = |p: &SkinnyProblem| !cublaslt_next || skinny_wins(p);
             out = skinny(&lhs, &rhs, bias.as_ref(), residual.as_ref(), views.layout, wanted);
         }
         #[cfg(feature = "cuda")]
         if out.is_none() && path != Path::Burn {
-            out = cuda::gemm(&lhs, &rhs, bias.as_ref(), residual.as_ref(), views.layout);
+            out = cuda::gemm(&lhs, &rhs, bias.as_ref(), residual.as_ref(), views.layout, views.scale);
         }
-        let out = out.unwrap_or_else(|| reference::product::<Self>(lhs, rhs, bias, residual, views.layout));
+        let out = out.unwrap_or_else(|| reference::product::<Self>(lhs, rhs, bias, residual, views.layout, views.scale));
         Self::float_reshape(out, views.out)
     }
 }
@@ -185,6 +186,7 @@ mod cuda {
         bias: Option<&CubeTensor<R>>,
         residual: Option<&CubeTensor<R>>,
         layout: GemmLayout,
+        scale: f32,
     ) -> Option<CubeTensor<R>> {
         let index = crate::backend::cube::cuda::device_index(lhs)?;
         let out_shape: Shape = output_shape(&lhs.shape(), &rhs.shape(), layout)?;
@@ -204,6 +206,7 @@ mod cuda {
             residual: residual.as_ref(),
             out: &out,
             layout: GemmLayout::new(transpose_lhs, transpose_rhs),
+            scale,
         };
         match cublaslt::gemm(&args, index) {
             Ok(true) => Some(out),

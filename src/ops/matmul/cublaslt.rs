@@ -408,9 +408,11 @@ pub(crate) struct GemmArgs<'a, R: CubeRuntime> {
     pub residual: Option<&'a CubeTensor<R>>,
     pub out: &'a CubeTensor<R>,
     pub layout: GemmLayout,
+    /// cuBLASLt's alpha.
+    pub scale: f32,
 }
 
-/// `out = op(lhs) · op(rhs) + bias + residual` through cuBLASLt, ordered against CubeCL's stream.
+/// `out = scale · op(lhs) · op(rhs) + bias + residual` through cuBLASLt, ordered against CubeCL's stream.
 /// `Ok(false)` when this runtime, dtype or layout is not served (nothing was enqueued: the caller
 /// uses Burn's matmul); `Err` when cuBLASLt failed after work was enqueued.
 pub(crate) fn gemm<R: CubeRuntime>(args: &GemmArgs<'_, R>, device_index: usize) -> Result<bool, String> {
@@ -426,7 +428,9 @@ pub(crate) fn gemm<R: CubeRuntime>(args: &GemmArgs<'_, R>, device_index: usize) 
 fn run<R: CubeRuntime>(engine: &mut Engine, client: &ComputeClient<CudaRuntime>, a: &GemmArgs<'_, R>) -> Result<bool, String> {
     let (lhs, rhs, out) = (Operand::of(a.lhs), Operand::of(a.rhs), Operand::of(a.out));
     let residual_op = a.residual.map(Operand::of);
-    if residual_op.is_some_and(|r| r != out) {
+    // kiln scales the product alone; how cuBLASLt's bias epilogue meets alpha is not relied on:
+    // the (unused) scaled product with a bias is left to Burn's matmul.
+    if residual_op.is_some_and(|r| r != out) || (a.bias.is_some() && a.scale != 1.0) {
         return Ok(false);
     }
     let ptr = |t: &CubeTensor<R>| pointer(client, t);
@@ -451,7 +455,7 @@ fn run<R: CubeRuntime>(engine: &mut Engine, client: &ComputeClient<CudaRuntime>,
         // SAFETY: live descriptor; the plan is used under the engine's lock only.
         unsafe { set_desc(plan.desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias)? };
     }
-    let (alpha, beta) = (1f32, if a.residual.is_some() { 1f32 } else { 0f32 });
+    let (alpha, beta) = (a.scale, if a.residual.is_some() { 1f32 } else { 0f32 });
     let c = p_residual.unwrap_or(p_out);
     let launch = |lane: Lane, algo: &Algo| unsafe {
         // SAFETY: every pointer is a live CubeCL allocation of the shape its layout describes, kept

@@ -40,22 +40,34 @@ impl GemmLayout {
 /// How [`MatmulBackend::gemm`] reads its operands: the transpose flags, the `[batch, rows, cols]`
 /// view of each operand (a row-major reshape of the tensor as given, which may have any rank) and
 /// the shape of the output as returned (the `[batch, m, n]` product reshaped; a residual has this
-/// shape too). The reshapes happen inside the op because under Burn's fusion every reshape outside
+/// shape too), and the factor the product is scaled by before its bias and residual are added
+/// (BLAS's alpha: LoRA's `s · h · Bᵀ + base` is one product with it). The reshapes happen inside the op because under Burn's fusion every reshape outside
 /// it is one more recorded operation (~5 µs of host time each on the H100 machine,
 /// `benches/RESULTS.md` 2026-11-24), which at small products is a large part of the call.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct GemmViews {
     pub layout: GemmLayout,
     pub lhs: Shape,
     pub rhs: Shape,
     pub out: Shape,
+    pub scale: f32,
 }
 
 impl GemmViews {
     /// Rank-3 operands whose output is the `[batch, m, n]` product itself.
     pub(crate) fn rank3(lhs: Shape, rhs: Shape, layout: GemmLayout) -> Self {
         let out = output_shape(&lhs, &rhs, layout).unwrap_or_else(|| panic!("kiln::matmul: operands {lhs:?} and {rhs:?} do not fit ({layout:?})"));
-        Self { layout, lhs, rhs, out }
+        Self { layout, lhs, rhs, out, scale: 1.0 }
+    }
+
+    /// Views of an unscaled product.
+    pub fn new(lhs: Shape, rhs: Shape, out: Shape, layout: GemmLayout) -> Self {
+        Self { layout, lhs, rhs, out, scale: 1.0 }
+    }
+
+    /// The same views with the product scaled by `scale`.
+    pub fn scaled(self, scale: f32) -> Self {
+        Self { scale, ..self }
     }
 
     /// The `[batch, m, n]` shape of the product.
@@ -79,7 +91,7 @@ pub(crate) fn viewed<B: Backend>(
 
 /// Backend support for dense products. The default method is the reference (Burn's matmul).
 pub trait MatmulBackend: Backend {
-    /// `out[b] = op(lhs[b]) · op(rhs[b]) + bias + residual[b]` on the operands' rank-3 views
+    /// `out[b] = scale · op(lhs[b]) · op(rhs[b]) + bias + residual[b]` on the operands' rank-3 views
     /// (`[batch, rows, cols]`, see [`GemmViews`]), returned in the shape `views.out`; an operand
     /// with batch 1 is shared by every batch. `bias` is `[n]`, `residual` has the shape
     /// `views.out`.
@@ -137,7 +149,7 @@ pub fn matmul<B: MatmulBackend, const D: usize>(lhs: Tensor<B, D>, rhs: Tensor<B
     } else {
         ([l_batch, m, k], [r_batch, k, n])
     };
-    let views = GemmViews { layout: GemmLayout::default(), lhs: Shape::new(lhs_view), rhs: Shape::new(rhs_view), out: Shape::from(out_dims) };
+    let views = GemmViews::new(Shape::new(lhs_view), Shape::new(rhs_view), Shape::from(out_dims), GemmLayout::default());
     wrap(B::gemm(prim(lhs), prim(rhs), None, None, views))
 }
 
@@ -192,6 +204,6 @@ fn linear_epilogue<B: MatmulBackend, const D: usize>(
     }
     ensure_same_dtype(op, &dtypes);
     let rows = xs.num_elements() / d_in.max(1);
-    let views = GemmViews { layout: GemmLayout::default(), lhs: Shape::new([1, rows, d_in]), rhs: Shape::new([1, d_in, d_out]), out: Shape::from(out_dims) };
+    let views = GemmViews::new(Shape::new([1, rows, d_in]), Shape::new([1, d_in, d_out]), Shape::from(out_dims), GemmLayout::default());
     wrap(B::gemm(prim(x), prim(weight), bias.map(prim), residual.map(prim), views))
 }

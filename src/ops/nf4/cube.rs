@@ -57,7 +57,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> Nf4Backend
         if !gemv_fits(m, k) {
             let dtype = x.dtype;
             let w = Self::dequantize_4bit(weight, dtype);
-            let views = GemmViews { layout: GemmLayout::new(false, true), lhs: Shape::new([1, m, k]), rhs: Shape::new([1, l.n, k]), out: Shape::new([m, l.n]) };
+            let views = GemmViews::new(Shape::new([1, m, k]), Shape::new([1, l.n, k]), Shape::new([m, l.n]), GemmLayout::new(false, true));
             return Self::gemm(x, w, None, None, views);
         }
         let (x, weight) = (dense(x), dense_parts::<R, F, I, BT>(weight));
@@ -81,7 +81,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> Nf4Backend
     fn matmul_4bit_input_grad(dy: FloatTensor<Self>, weight: Quantized4Primitive<Self>) -> FloatTensor<Self> {
         let (m, l) = (dy.shape()[0], weight.layout);
         let w = Self::dequantize_4bit(weight, dy.dtype);
-        let views = GemmViews { layout: GemmLayout::new(false, false), lhs: Shape::new([1, m, l.n]), rhs: Shape::new([1, l.n, l.k]), out: Shape::new([m, l.k]) };
+        let views = GemmViews::new(Shape::new([1, m, l.n]), Shape::new([1, l.n, l.k]), Shape::new([m, l.k]), GemmLayout::default());
         Self::gemm(dy, w, None, None, views)
     }
 }

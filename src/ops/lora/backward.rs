@@ -1,0 +1,70 @@
+//! LoRA under `Autodiff`: the node's parents are `x`, `base`, `A`, `B`; it keeps `x`, `h`, `A`
+//! and `B` (`h`, the forward's `[rows, r]` product, is reused by `dB`), and its backward passes
+//! `dy` on to the base unchanged.
+
+use burn::backend::autodiff::{
+    Autodiff,
+    checkpoint::{base::Checkpointer, strategy::CheckpointStrategy},
+    grads::Gradients,
+    ops::{Backward, Ops, OpsKind},
+};
+use burn::tensor::{backend::AutodiffBackend, ops::FloatTensor};
+
+use super::{DropoutMask, LoraBackend, LoraSpec};
+
+#[derive(Debug)]
+struct LoraGrad;
+
+#[derive(Debug, Clone)]
+struct Saved<B: LoraBackend> {
+    x: FloatTensor<B>,
+    h: FloatTensor<B>,
+    a: FloatTensor<B>,
+    b: FloatTensor<B>,
+    spec: LoraSpec,
+}
+
+impl<B: LoraBackend> Backward<B, 4> for LoraGrad {
+    type State = Saved<B>;
+
+    fn backward(self, ops: Ops<Self::State, 4>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let s = ops.state;
+        let dy = grads.consume::<B>(&ops.node);
+        let [x_node, base_node, a_node, b_node] = ops.parents;
+        if x_node.is_some() || a_node.is_some() || b_node.is_some() {
+            let g = B::lora_backward(s.x, s.h, s.a, s.b, dy.clone(), s.spec);
+            for (node, grad) in [(x_node, g.x), (a_node, g.a), (b_node, g.b)] {
+                if let Some(node) = node {
+                    grads.register::<B>(node.id, grad);
+                }
+            }
+        }
+        if let Some(node) = base_node {
+            grads.register::<B>(node.id, dy);
+        }
+    }
+}
+
+impl<B: LoraBackend, C: CheckpointStrategy> LoraBackend for Autodiff<B, C> {
+    fn lora_dropout(x: FloatTensor<Self>, mask: DropoutMask) -> FloatTensor<Self> {
+        // Only [`LoraBackend::lora_forward`]'s products see the dropout under autodiff; this
+        // stand-alone form (the same mask, for inspection) is not differentiated.
+        Self::from_inner(B::lora_dropout(x.primitive, mask))
+    }
+
+    fn lora_forward(
+        x: FloatTensor<Self>,
+        base: FloatTensor<Self>,
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        spec: LoraSpec,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (y, h) = B::lora_forward(x.primitive.clone(), base.primitive, a.primitive.clone(), b.primitive.clone(), spec);
+        let nodes = [x.node, base.node, a.node, b.node];
+        let y = match LoraGrad.prepare::<C>(nodes).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish(Saved { x: x.primitive, h: h.clone(), a: a.primitive, b: b.primitive, spec }, y),
+            OpsKind::UnTracked(prep) => prep.finish(y),
+        };
+        (y, Self::from_inner(h))
+    }
+}

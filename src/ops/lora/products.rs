@@ -1,0 +1,85 @@
+//! LoRA's forward and backward as products and dropouts, written once for every path: the
+//! backends' own (`Kernels::backend`) and the reference (`Kernels::reference`).
+
+use burn::tensor::{Shape, TensorMetadata, backend::Backend, ops::FloatTensor};
+
+use super::{DropoutMask, LoraBackend, LoraGrads, LoraSpec};
+use crate::ops::matmul::{GemmLayout, GemmViews};
+
+type Gemm<B> = fn(FloatTensor<B>, FloatTensor<B>, Option<FloatTensor<B>>, GemmViews) -> FloatTensor<B>;
+type Dropout<B> = fn(FloatTensor<B>, DropoutMask) -> FloatTensor<B>;
+
+/// The two primitives the update is made of: a product (with an optional residual) and the dropout.
+pub(super) struct Kernels<B: Backend> {
+    gemm: Gemm<B>,
+    dropout: Dropout<B>,
+}
+
+impl<B: LoraBackend> Kernels<B> {
+    /// The backend's products and dropout.
+    pub(super) fn backend() -> Self {
+        Self { gemm: |l, r, residual, v| B::gemm(l, r, None, residual, v), dropout: B::lora_dropout }
+    }
+}
+
+impl<B: Backend> Kernels<B> {
+    /// Burn's matmul and the host-built mask.
+    pub(super) fn reference() -> Self {
+        Self { gemm: |l, r, residual, v| crate::ops::matmul::reference::gemm::<B>(l, r, None, residual, &v), dropout: super::reference::dropout::<B> }
+    }
+
+    fn dropout(&self, x: FloatTensor<B>, spec: &LoraSpec) -> FloatTensor<B> {
+        match spec.dropout {
+            Some(mask) => (self.dropout)(x, mask),
+            None => x,
+        }
+    }
+}
+
+/// `[rows, in, r, out]` of an update: `x` `[.., in]`, `a` `[r, in]`, `b` `[out, r]`.
+fn dims<B: Backend>(x: &FloatTensor<B>, a: &FloatTensor<B>, b: &FloatTensor<B>) -> [usize; 4] {
+    let (xs, a_shape, b_shape) = (x.shape(), a.shape(), b.shape());
+    let d_in = xs[xs.num_dims() - 1];
+    [xs.num_elements() / d_in.max(1), d_in, a_shape[0], b_shape[0]]
+}
+
+fn views(lhs: [usize; 3], rhs: [usize; 3], out: Shape, transpose_lhs: bool, transpose_rhs: bool) -> GemmViews {
+    GemmViews::new(Shape::new(lhs), Shape::new(rhs), out, GemmLayout::new(transpose_lhs, transpose_rhs))
+}
+
+/// `(base + s · h · Bᵀ, h)` with `h = dropout(x) · Aᵀ`.
+pub(super) fn forward<B: Backend>(
+    k: &Kernels<B>,
+    x: FloatTensor<B>,
+    base: FloatTensor<B>,
+    a: FloatTensor<B>,
+    b: FloatTensor<B>,
+    spec: LoraSpec,
+) -> (FloatTensor<B>, FloatTensor<B>) {
+    let [rows, d_in, r, d_out] = dims::<B>(&x, &a, &b);
+    let out = base.shape();
+    let x = k.dropout(x, &spec);
+    let h = (k.gemm)(x, a, None, views([1, rows, d_in], [1, r, d_in], Shape::new([rows, r]), false, true));
+    let y = (k.gemm)(h.clone(), b, Some(base), views([1, rows, r], [1, d_out, r], out, false, true).scaled(spec.scale));
+    (y, h)
+}
+
+/// `dx = dropout(s · dy · B · A)`, `dA = (s · dy · B)ᵀ · dropout(x)`, `dB = s · dyᵀ · h`, the
+/// rank-r product `dh = s · dy · B` first.
+pub(super) fn backward<B: Backend>(
+    k: &Kernels<B>,
+    x: FloatTensor<B>,
+    h: FloatTensor<B>,
+    a: FloatTensor<B>,
+    b: FloatTensor<B>,
+    dy: FloatTensor<B>,
+    spec: LoraSpec,
+) -> LoraGrads<FloatTensor<B>> {
+    let [rows, d_in, r, d_out] = dims::<B>(&x, &a, &b);
+    let x_shape = x.shape();
+    let dh = (k.gemm)(dy.clone(), b, None, views([1, rows, d_out], [1, d_out, r], Shape::new([rows, r]), false, false).scaled(spec.scale));
+    let db = (k.gemm)(dy, h, None, views([1, rows, d_out], [1, rows, r], Shape::new([d_out, r]), true, false).scaled(spec.scale));
+    let da = (k.gemm)(dh.clone(), k.dropout(x, &spec), None, views([1, rows, r], [1, rows, d_in], Shape::new([r, d_in]), true, false));
+    let dx = (k.gemm)(dh, a, None, views([1, rows, r], [1, r, d_in], x_shape, false, false));
+    LoraGrads { x: k.dropout(dx, &spec), a: da, b: db }
+}
