@@ -9,8 +9,10 @@
 //! - [`tokenizer`]: [`Tokenizer`] with chat templates and streaming decode.
 //! - [`generation`]: [`Decoder::generate`], samplers on the device.
 //! - [`runtime`]: picks CUDA, wgpu or the CPU at run time.
+//! - [`adapter`]: LoRA adapters on the decoder's linears by name, and PEFT's adapter files.
 //! - [`train`]: `TrainStep` for [`Decoder`] (Burn's `Learner`) and a compact progress renderer.
 
+pub mod adapter;
 pub mod config;
 pub mod error;
 pub mod generation;

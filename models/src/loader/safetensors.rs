@@ -71,6 +71,11 @@ impl SafetensorsSource {
         self.names.keys().map(String::as_str)
     }
 
+    /// The stored shape of tensor `name`.
+    pub fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.raw(name).map(|(_, shape, _, _)| shape)
+    }
+
     /// The raw stored tensor: its shape, dtype and bytes (borrowed from the mapping).
     fn raw(&self, name: &str) -> Option<(&Path, Vec<usize>, Dtype, &[u8])> {
         let shard = &self.shards[*self.names.get(name)?];
