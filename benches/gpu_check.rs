@@ -9,6 +9,8 @@
 mod common;
 #[path = "gpu_check/gemm.rs"]
 mod gemm;
+#[path = "gpu_check/lora.rs"]
+mod lora;
 #[path = "gpu_check/nf4.rs"]
 mod nf4;
 
@@ -72,6 +74,9 @@ fn parity(device: &CudaDevice, filter: &str) -> bool {
         }
         for case in nf4::parity_cases() {
             report(format!("nf4 {case:?} {dtype:?}"), &|| run_check(&case, device, dtype));
+        }
+        for case in lora::parity_cases() {
+            report(format!("lora {case:?} {dtype:?}"), &|| run_check(&case, device, dtype));
         }
         for shape in [[37, 11008], [3, 1001]] {
             for activation in [GluActivation::Silu, GluActivation::GeluTanh] {
@@ -545,6 +550,9 @@ fn main() {
         nf4::bench_gemv(&device);
         nf4::bench_prefill(&device);
         nf4::bench_qlora_step(&device);
+    }
+    if mode == "lora-bench" || mode == "bench" || mode == "all" {
+        lora::bench_steps(&device);
     }
     if mode == "nf4-gemv" {
         nf4::bench_gemv(&device);

@@ -64,7 +64,7 @@ pub fn add_lora<B: Backend, L: LinearLayer<B>>(decoder: Decoder<B, L>, config: &
     decoder.no_grad().map_linears(|name, base| {
         let layer = LoraLinear::frozen(base);
         if targets.matches(name) {
-            let adapter = config.init_adapter(layer.d_input(), layer.d_output(), &device);
+            let adapter = config.init_adapter(layer.base.d_input(), layer.base.d_output(), &device);
             layer.with_adapter(adapter)
         } else {
             layer

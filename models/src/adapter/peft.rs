@@ -37,6 +37,9 @@ pub struct PeftConfig {
     pub fan_in_fan_out: bool,
     #[serde(default = "no_bias")]
     pub bias: String,
+    /// A trained bias on `lora_B` (PEFT ≥ 0.14).
+    #[serde(default)]
+    pub lora_bias: bool,
     #[serde(default)]
     pub target_modules: Option<TargetModules>,
     #[serde(default)]
@@ -82,6 +85,9 @@ impl PeftConfig {
         }
         if self.fan_in_fan_out {
             return refuse("fan_in_fan_out", "Conv1D-style (GPT-2) weights are not supported");
+        }
+        if self.lora_bias {
+            return refuse("lora_bias", "a bias on lora_B is not supported");
         }
         if self.bias != "none" {
             return refuse("bias", "trained biases are not supported (`none` only)");
@@ -163,8 +169,8 @@ fn read_adapter<B: Backend, L: LinearLayer<B>>(
     if rank == 0 {
         return Err(LoadError::tensor(&origin, a_key, "must be [r, in] with r ≥ 1"));
     }
-    let a: Tensor<B, 2> = source.param(&a_key, [rank, layer.d_input()], ParamKind::Bias, device)?;
-    let b: Tensor<B, 2> = source.param(&b_key, [layer.d_output(), rank], ParamKind::Bias, device)?;
+    let a: Tensor<B, 2> = source.param(&a_key, [rank, layer.base.d_input()], ParamKind::Bias, device)?;
+    let b: Tensor<B, 2> = source.param(&b_key, [layer.base.d_output(), rank], ParamKind::Bias, device)?;
     Ok(Some((LoraAdapter::new(a, b, lora), [a_key, b_key])))
 }
 
@@ -195,6 +201,7 @@ pub fn save_adapter<B: Backend, L: LinearLayer<B>>(decoder: &LoraDecoder<B, L>, 
         use_dora: false,
         fan_in_fan_out: false,
         bias: no_bias(),
+        lora_bias: false,
         target_modules: Some(TargetModules::List(targets.into_iter().collect())),
         rank_pattern,
         alpha_pattern: BTreeMap::new(),
