@@ -10,10 +10,12 @@
 //! - [`generation`]: [`Decoder::generate`], samplers on the device.
 //! - [`runtime`]: picks CUDA, wgpu or the CPU at run time.
 //! - [`adapter`]: LoRA adapters on the decoder's linears by name, and PEFT's adapter files.
+//! - [`data`]: instruction datasets (JSONL, alpaca and chat formats) tokenized for response-only loss.
 //! - [`train`]: `TrainStep` for [`Decoder`] (Burn's `Learner`) and a compact progress renderer.
 
 pub mod adapter;
 pub mod config;
+pub mod data;
 pub mod error;
 pub mod generation;
 pub mod gguf;

@@ -112,6 +112,16 @@ impl Tokenizer {
         self.inner.token_to_id(token)
     }
 
+    /// The file the tokenizer was read from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The id of the end-of-sequence token named in `tokenizer_config.json`, if any.
+    pub fn eos_id(&self) -> Option<u32> {
+        self.eos_token.as_deref().and_then(|t| self.token_id(t))
+    }
+
     pub fn chat_template(&self) -> Option<&ChatTemplate> {
         self.chat_template.as_ref()
     }
