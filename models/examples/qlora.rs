@@ -5,8 +5,9 @@
 //! files (`adapter_config.json`, `adapter_model.safetensors`: PEFT and transformers load them),
 //! then the tuned model answers a few prompts.
 //!
-//! `cargo run --release -p kiln-models --example qlora` runs the shipped tiny model and data
-//! (`examples/qlora/`) on the CPU in minutes; `--features cuda --model DIR --data FILE.jsonl` on
+//! `cargo run --release -p kiln-models --example qlora -- --device cpu` runs the shipped tiny model
+//! and data (`examples/qlora/`; 96 examples of three small tasks) on the CPU in about 20 seconds:
+//! the validation loss on the answers falls from 6.4 to about 2.0; `--features cuda --model DIR --data FILE.jsonl` on
 //! a GPU with a real checkpoint. `--float` keeps a float base (plain LoRA).
 
 use std::path::PathBuf;
@@ -49,7 +50,7 @@ struct Args {
     /// PEFT's `target_modules` as a pattern, or `all-linear`.
     #[arg(long, default_value = "all-linear")]
     targets: String,
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 40)]
     epochs: usize,
     #[arg(long, default_value_t = 8)]
     batch: usize,
