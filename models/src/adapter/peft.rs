@@ -5,12 +5,13 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 
+use burn::module::Module;
 use burn::tensor::{DType, FloatDType, Tensor, backend::Backend};
 use kiln::nn::{LinearLayer, LoraAdapter, LoraConfig, LoraLinear};
 use safetensors::tensor::{Dtype, TensorView};
 use serde::{Deserialize, Serialize};
 
-use super::{LoraDecoder, Targets};
+use super::LoraDecoder;
 use crate::error::{LoadError, Result};
 use crate::loader::{ParamKind, ParamSource, SafetensorsSource};
 use crate::model::Decoder;
@@ -120,7 +121,9 @@ pub fn load_adapter<B: Backend, L: LinearLayer<B>>(decoder: Decoder<B, L>, dir: 
     let device = decoder.embed_tokens.weight.device();
     let mut unused: BTreeSet<String> = source.names().map(str::to_owned).collect();
     let mut failure = None;
-    let decoder = super::add_lora(decoder, &lora, &Targets::Modules(Vec::new())).map_linears(|name, layer| {
+    // Frozen as `add_lora` leaves a model; each layer gets its adapter in the same pass.
+    let decoder = decoder.no_grad().map_linears(|name, base| {
+        let layer = LoraLinear::frozen(base);
         if failure.is_some() {
             return layer;
         }
