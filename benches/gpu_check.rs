@@ -9,6 +9,8 @@
 mod common;
 #[path = "gpu_check/gemm.rs"]
 mod gemm;
+#[path = "gpu_check/dora.rs"]
+mod dora;
 #[path = "gpu_check/lora.rs"]
 mod lora;
 #[path = "gpu_check/nf4.rs"]
@@ -77,6 +79,12 @@ fn parity(device: &CudaDevice, filter: &str) -> bool {
         }
         for case in lora::parity_cases() {
             report(format!("lora {case:?} {dtype:?}"), &|| run_check(&case, device, dtype));
+        }
+        for case in dora::op_cases() {
+            report(format!("dora {case:?} {dtype:?}"), &|| run_check(&case, device, dtype));
+        }
+        for case in dora::layer_cases() {
+            report(format!("dora {case:?} {dtype:?}"), &|| run_check(&case, device, dtype));
         }
         for shape in [[37, 11008], [3, 1001]] {
             for activation in [GluActivation::Silu, GluActivation::GeluTanh] {
@@ -550,6 +558,9 @@ fn main() {
         nf4::bench_gemv(&device);
         nf4::bench_prefill(&device);
         nf4::bench_qlora_step(&device);
+    }
+    if mode == "dora-bench" || mode == "bench" || mode == "all" {
+        dora::bench_steps(&device);
     }
     if mode == "lora-bench" || mode == "bench" || mode == "all" {
         lora::bench_steps(&device);

@@ -8,7 +8,7 @@ use burn::tensor::{DType, Distribution, Tensor};
 use kiln::nn::{Linear, LinearLayer, LoraAdapter, LoraConfig, LoraLinear, Nf4Linear};
 use kiln::ops::nf4::QuantType;
 
-use super::common::checks::LoraCase;
+use super::common::adapters::LoraCase;
 use super::B;
 
 type Ad = Autodiff<B>;

@@ -12,6 +12,7 @@
 
 #[cfg(feature = "cuda")]
 pub mod cuda_source;
+pub mod dora;
 pub mod flash_attention;
 pub mod lora;
 pub mod matmul;

@@ -119,12 +119,13 @@ fn layers_of_other_ranks_go_through_rank_pattern() {
     assert_eq!(logits(&loaded), logits(&model));
 }
 
-/// Adapters made and saved by PEFT on the `llama31` fixture: kiln's f64 logits equal
+/// Adapters made and saved by PEFT on the `llama31` fixture (LoRA, rsLoRA, DoRA with a trained
+/// magnitude): kiln's f64 logits equal
 /// transformers+PEFT's f64 logits (to the f32 RoPE tables' rounding, as in `hf_parity`), and the
 /// adapters move the logits by far more than that.
 #[test]
 fn peft_saved_adapters_give_peft_logits() {
-    for name in ["peft_lora", "peft_rslora"] {
+    for name in ["peft_lora", "peft_rslora", "peft_dora"] {
         let dir = fixture("lora").join(name);
         let model = load_adapter(base::<NdArray<f64>>(FloatDType::F64), &dir).unwrap_or_else(|e| panic!("{name}: {e}"));
         let bytes = std::fs::read(dir.join("expected.safetensors")).unwrap();
@@ -174,25 +175,34 @@ fn damaged_adapters_are_refused_by_name() {
     let mut dora = config.clone();
     dora["use_dora"] = serde_json::json!(true);
     let err = load_error("dora", dora, &[(a, vec![4, 64]), (b, vec![64, 4])]);
-    assert!(err.contains("adapter_config.json") && err.contains("use_dora"), "{err}");
+    assert!(err.contains("adapter_model.safetensors") && err.contains("q_proj.lora_magnitude_vector") && err.contains("missing"), "{err}");
+    let magnitude = "base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector";
+    let err = load_error("magnitude-without-dora", config.clone(), &[(a, vec![4, 64]), (b, vec![64, 4]), (magnitude, vec![64])]);
+    assert!(err.contains(magnitude) && err.contains("use_dora"), "{err}");
     let err = load_error("not-lora", serde_json::json!({"peft_type": "IA3"}), &[]);
     assert!(err.contains("adapter_config.json"), "{err}");
 }
 
-/// The other direction: `fixtures/lora/kiln_saved` holds an adapter written by kiln's
-/// `save_adapter` and kiln's f64 logits with it; `make_lora.py` loaded it with PEFT and recorded
-/// how far transformers+PEFT's logits were from kiln's (`peft_check.json`). Here kiln must still
-/// read its own file to the same logits, and PEFT's recorded difference must be within the f32
-/// RoPE tables' rounding.
-/// `KILN_WRITE_FIXTURES=1` rewrites the adapter (new random values: rerun `make_lora.py` after).
+/// The other direction: `fixtures/lora/kiln_saved` (LoRA) and `kiln_saved_dora` (DoRA) hold
+/// adapters written by kiln's `save_adapter` and kiln's f64 logits with them; `make_lora.py`
+/// loaded them with PEFT and recorded how far transformers+PEFT's logits were from kiln's
+/// (`peft_check.json`). Here kiln must still read its own files to the same logits, and PEFT's
+/// recorded difference must be within the f32 RoPE tables' rounding.
+/// `KILN_WRITE_FIXTURES=1` rewrites the adapters (new random values: rerun `make_lora.py` after).
 #[test]
-fn kiln_saved_adapter_loads_in_peft() {
-    let dir = fixture("lora").join("kiln_saved");
+fn kiln_saved_adapters_load_in_peft() {
+    let targets = Targets::modules(["k_proj", "o_proj", "gate_proj", "up_proj"]);
+    check_kiln_saved("kiln_saved", &LoraConfig::new().with_rank(4).with_alpha(16.0).with_rslora(true), &targets);
+    check_kiln_saved("kiln_saved_dora", &LoraConfig::new().with_rank(4).with_alpha(8.0).with_dora(true), &targets);
+}
+
+fn check_kiln_saved(name: &str, config: &LoraConfig, targets: &Targets) {
+    let dir = fixture("lora").join(name);
     if std::env::var("KILN_WRITE_FIXTURES").is_ok_and(|v| v == "1") {
-        let config = LoraConfig::new().with_rank(4).with_alpha(16.0).with_rslora(true);
-        let model = randomized(add_lora(base::<Cpu>(FloatDType::F32), &config, &Targets::modules(["k_proj", "o_proj", "gate_proj", "up_proj"])));
+        let model = randomized(add_lora(base::<Cpu>(FloatDType::F32), config, targets));
         save_adapter(&model, &dir, Some("llama31")).unwrap();
         let _ = std::fs::remove_file(dir.join("peft_check.json"));
+        let _ = std::fs::remove_file(dir.join("kiln_logits.safetensors"));
     }
     let model = load_adapter(base::<NdArray<f64>>(FloatDType::F64), &dir).unwrap();
     let got = logits(&model);
@@ -203,9 +213,9 @@ fn kiln_saved_adapter_loads_in_peft() {
         safetensors::serialize_to_file([("logits".to_string(), view)], None, &path).unwrap();
     }
     let bytes = std::fs::read(&path).unwrap();
-    assert_eq!(got, f64s(&SafeTensors::deserialize(&bytes).unwrap(), "logits"), "kiln reads its own adapter to other logits");
+    assert_eq!(got, f64s(&SafeTensors::deserialize(&bytes).unwrap(), "logits"), "{name}: kiln reads its own adapter to other logits");
     let check: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("peft_check.json")).expect("run make_lora.py on the GPU machine")).unwrap();
     let (diff, scale, effect) = (check["max_abs_diff_vs_kiln"].as_f64().unwrap(), check["max_abs_logit"].as_f64().unwrap(), check["max_abs_diff_adapter_effect"].as_f64().unwrap());
-    assert!(diff < 1e-5 * scale.max(1.0), "PEFT's logits with kiln's adapter differ by {diff:.3e}");
-    assert!(effect > 1e-3, "kiln's adapter changed PEFT's logits by only {effect:.3e}");
+    assert!(diff < 1e-5 * scale.max(1.0), "{name}: PEFT's logits with kiln's adapter differ by {diff:.3e}");
+    assert!(effect > 1e-3, "{name}: kiln's adapter changed PEFT's logits by only {effect:.3e}");
 }

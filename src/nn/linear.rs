@@ -1,6 +1,6 @@
 use burn::config::Config;
 use burn::module::{Initializer, Module, ModuleDisplay, Param};
-use burn::tensor::{Tensor, backend::Backend};
+use burn::tensor::{DType, FloatDType, Tensor, backend::Backend};
 
 use crate::ops::matmul::{MatmulBackend, linear, linear_residual};
 
@@ -61,6 +61,12 @@ pub trait LinearLayer<B: Backend>: Module<B> + ModuleDisplay {
     fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D>;
     fn d_input(&self) -> usize;
     fn d_output(&self) -> usize;
+    /// The bias `[d_output]`, if the layer adds one.
+    fn bias(&self) -> Option<Tensor<B, 1>>;
+    /// The weight the forward applies, as a float `[d_input, d_output]` tensor in `dtype`
+    /// (dequantized, or with an adapter's update in it): for merging and DoRA's norms, not for
+    /// the forward.
+    fn dense_weight(&self, dtype: DType) -> Tensor<B, 2>;
 }
 
 impl<B: MatmulBackend> LinearLayer<B> for Linear<B> {
@@ -74,5 +80,13 @@ impl<B: MatmulBackend> LinearLayer<B> for Linear<B> {
 
     fn d_output(&self) -> usize {
         self.weight.shape()[1]
+    }
+
+    fn bias(&self) -> Option<Tensor<B, 1>> {
+        self.bias.as_ref().map(|b| b.val())
+    }
+
+    fn dense_weight(&self, dtype: DType) -> Tensor<B, 2> {
+        self.weight.val().cast(FloatDType::from(dtype))
     }
 }

@@ -1,14 +1,15 @@
-//! LoRA adapters (LoRA, rsLoRA; QLoRA when the base is an [`crate::nn::Nf4Linear`]) around any
-//! [`LinearLayer`], with PEFT's parameter layouts and initialization.
+//! LoRA adapters (LoRA, rsLoRA, DoRA; QLoRA when the base is an [`crate::nn::Nf4Linear`]) around
+//! any [`LinearLayer`], with PEFT's parameter layouts and initialization.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use burn::config::Config;
 use burn::module::{Initializer, Module, Param};
-use burn::tensor::{Tensor, backend::Backend};
+use burn::tensor::{DType, FloatDType, Tensor, backend::Backend};
 
 use crate::nn::{Linear, LinearLayer};
-use crate::ops::lora::{DropoutMask, LoraBackend, LoraSpec, lora};
+use crate::ops::dora::{dora, dora_norm};
+use crate::ops::lora::{DropoutMask, LoraBackend, LoraSpec, lora, lora_dropout};
 
 /// Configuration of a LoRA adapter; PEFT's `LoraConfig` fields and defaults.
 #[derive(Config, Debug)]
@@ -25,6 +26,9 @@ pub struct LoraConfig {
     /// `use_rslora`: rank-stabilized scaling `alpha / √r`.
     #[config(default = false)]
     pub rslora: bool,
+    /// `use_dora`: DoRA, the update's direction rescaled per output by a trained magnitude.
+    #[config(default = false)]
+    pub dora: bool,
 }
 
 impl LoraConfig {
@@ -36,7 +40,8 @@ impl LoraConfig {
 
     /// A fresh adapter for a `[d_input → d_output]` layer, initialized as PEFT does: `A`
     /// Kaiming-uniform (bound `1/√d_input`, PyTorch's `kaiming_uniform_(a=√5)`), `B` zero, so the
-    /// adapted layer starts equal to its base.
+    /// adapted layer starts equal to its base. A DoRA adapter's magnitude comes from the base's
+    /// weight, so it is set when the adapter is attached ([`LoraLinear::with_adapter`]).
     ///
     /// # Panics
     /// If the rank is 0 or the dropout is outside `[0, 1)`.
@@ -47,6 +52,7 @@ impl LoraConfig {
         LoraAdapter {
             lora_a: kaiming.init_with([self.rank, d_input], Some(d_input), Some(self.rank), device),
             lora_b: Initializer::Zeros.init([d_output, self.rank], device),
+            magnitude: None,
             config: self.clone(),
         }
     }
@@ -59,11 +65,13 @@ impl LoraConfig {
 }
 
 /// The trainable part of a LoRA layer: PEFT's `lora_A.weight` `[r, in]` and `lora_B.weight`
-/// `[out, r]`, and the configuration that gives its scale and dropout.
+/// `[out, r]`, DoRA's magnitude, and the configuration that gives its scale and dropout.
 #[derive(Module, Debug)]
 pub struct LoraAdapter<B: Backend> {
     pub lora_a: Param<Tensor<B, 2>>,
     pub lora_b: Param<Tensor<B, 2>>,
+    /// DoRA's magnitude `m` `[out]` (PEFT's `lora_magnitude_vector`).
+    pub magnitude: Option<Param<Tensor<B, 1>>>,
     #[module(skip)]
     pub config: LoraConfig,
 }
@@ -78,7 +86,17 @@ impl<B: Backend> LoraAdapter<B> {
         let (a, b) = (lora_a.shape(), lora_b.shape());
         assert!(b[1] == a[0], "kiln::nn::LoraAdapter: lora_A {:?} and lora_B {:?} must be [r, in] and [out, r]", a.as_slice(), b.as_slice());
         let config = LoraConfig { rank: a[0], ..config.clone() };
-        Self { lora_a: Param::from_tensor(lora_a), lora_b: Param::from_tensor(lora_b), config }
+        Self { lora_a: Param::from_tensor(lora_a), lora_b: Param::from_tensor(lora_b), magnitude: None, config }
+    }
+
+    /// The adapter as DoRA with the given magnitude `[out]` (e.g. PEFT's `lora_magnitude_vector`).
+    ///
+    /// # Panics
+    /// If the magnitude is not `[out]`.
+    pub fn with_magnitude(self, magnitude: Tensor<B, 1>) -> Self {
+        let (m, b) = (magnitude.shape(), self.lora_b.shape());
+        assert!(m[0] == b[0], "kiln::nn::LoraAdapter: magnitude {:?} must be [out] for lora_B {:?}", m.as_slice(), b.as_slice());
+        Self { magnitude: Some(Param::from_tensor(magnitude.detach())), config: LoraConfig { dora: true, ..self.config }, ..self }
     }
 
     pub fn rank(&self) -> usize {
@@ -90,26 +108,34 @@ impl<B: Backend> LoraAdapter<B> {
         self.config.scale()
     }
 
-    /// `s · Aᵀ · Bᵀ`: the update in Burn's `[d_input, d_output]` weight layout.
+    /// `s · Aᵀ · Bᵀ`: the update in Burn's `[d_input, d_output]` weight layout, computed and
+    /// returned in f32 (merging a bf16 model rounds once, at the end).
     pub fn delta(&self) -> Tensor<B, 2>
     where
         B: LoraBackend,
     {
-        crate::ops::matmul(self.lora_a.val().transpose(), self.lora_b.val().transpose()) * self.scale()
+        let [a, b] = [self.lora_a.val(), self.lora_b.val()].map(|t| t.cast(FloatDType::F32));
+        crate::ops::matmul(a.transpose(), b.transpose()) * self.scale()
     }
 }
 
 /// A frozen base layer with an optional LoRA adapter: `y = base(x) + s · dropout(x) · Aᵀ · Bᵀ`
-/// through [`crate::ops::lora`] (the update added in the second product's epilogue). Layers a
-/// model leaves unadapted carry no adapter, so every projection of a model has one type.
+/// through [`crate::ops::lora`] (the update added in the second product's epilogue), and for a
+/// DoRA adapter that output rescaled per output by `m / ‖W + ΔW‖` ([`crate::ops::dora`]). Layers
+/// a model leaves unadapted carry no adapter, so every projection of a model has one type.
 ///
-/// The base's parameters take no gradient (no optimizer state either); `A` and `B` train. The
-/// dropout is active only where the backend tracks gradients, each forward with a fresh mask
+/// The base's parameters take no gradient (no optimizer state either); `A`, `B` (and `m`) train.
+/// The dropout is active only where the backend tracks gradients, each forward with a fresh mask
 /// ([`seed_lora_dropout`] makes the sequence reproducible).
 #[derive(Module, Debug)]
 pub struct LoraLinear<B: Backend, L> {
     pub base: L,
     pub adapter: Option<LoraAdapter<B>>,
+    /// `‖W_o‖²` of the frozen base weight per output (f32), the constant part of DoRA's norm;
+    /// set with a DoRA adapter.
+    pub base_norms_sq: Option<Tensor<B, 1>>,
+    /// DoRA's `m / ‖W + ΔW‖` at the time of [`LoraLinear::merge`], which unmerge divides out.
+    pub merged_scale: Option<Tensor<B, 1>>,
     /// Whether the adapter's update has been added into the base weight ([`LoraLinear::merge`]).
     #[module(skip)]
     pub merged: bool,
@@ -118,10 +144,11 @@ pub struct LoraLinear<B: Backend, L> {
 impl<B: Backend, L: LinearLayer<B>> LoraLinear<B, L> {
     /// `base` with its parameters frozen and no adapter.
     pub fn frozen(base: L) -> Self {
-        Self { base: base.no_grad(), adapter: None, merged: false }
+        Self { base: base.no_grad(), adapter: None, base_norms_sq: None, merged_scale: None, merged: false }
     }
 
-    /// The layer with `adapter` (replacing any other).
+    /// The layer with `adapter` (replacing any other). A DoRA adapter without a magnitude gets
+    /// PEFT's initial one, `‖W + ΔW‖` per output.
     ///
     /// # Panics
     /// If the adapter's shapes do not fit the base.
@@ -135,8 +162,81 @@ impl<B: Backend, L: LinearLayer<B>> LoraLinear<B, L> {
             b.as_slice()
         );
         assert!(!self.merged, "kiln::nn::LoraLinear: unmerge before replacing a merged adapter");
-        Self { adapter: Some(adapter), ..self }
+        if !adapter.config.dora {
+            return Self { adapter: Some(adapter), base_norms_sq: None, ..self };
+        }
+        let norms_sq = self.base.dense_weight(DType::F32).square().sum_dim(0).squeeze_dim::<1>(0).detach();
+        let adapter = match adapter.magnitude {
+            Some(_) => adapter,
+            None => {
+                let norm = Self::dora_weight_norm(&self.base, norms_sq.clone(), &adapter);
+                let dtype = adapter.lora_a.val().dtype();
+                adapter.with_magnitude(norm.cast(FloatDType::from(dtype)))
+            }
+        };
+        Self { adapter: Some(adapter), base_norms_sq: Some(norms_sq), ..self }
     }
+
+    /// `‖W + ΔW‖` per output, detached, in factored form: the base applied to `A`'s rows.
+    fn dora_weight_norm(base: &L, norms_sq: Tensor<B, 1>, adapter: &LoraAdapter<B>) -> Tensor<B, 1> {
+        let a = adapter.lora_a.val().detach();
+        let a_w = base.forward(a.clone());
+        let a_w = match base.bias() {
+            Some(bias) => a_w - bias.cast(FloatDType::from(a.dtype())).unsqueeze(),
+            None => a_w,
+        };
+        dora_norm(norms_sq, a_w, a, adapter.lora_b.val(), adapter.scale())
+    }
+}
+
+impl<B: LoraBackend, L: LinearLayer<B>> LoraLinear<B, L> {
+    /// DoRA's forward: `y = c · (u − b) + b` on the LoRA output `u`, `c = m / ‖W + ΔW‖`. With
+    /// dropout, PEFT's form: the base on the full input plus `(c − 1) · W · x̃ + c · ΔW · x̃` on the
+    /// dropped-out `x̃`, which takes a second base product.
+    fn dora_forward<const D: usize>(&self, x: Tensor<B, D>, adapter: &LoraAdapter<B>, magnitude: Tensor<B, 1>, dropout: Option<DropoutMask>) -> Tensor<B, D> {
+        let norms_sq = self.base_norms_sq.clone().expect("a DoRA adapter is attached with the base's norms");
+        let norm = Self::dora_weight_norm(&self.base, norms_sq, adapter);
+        let (a, b, bias) = (adapter.lora_a.val(), adapter.lora_b.val(), self.base.bias());
+        let spec = LoraSpec { scale: adapter.scale() as f32, dropout: None };
+        match dropout {
+            None => dora(lora(x.clone(), self.base.forward(x), a, b, spec), magnitude, norm, bias),
+            Some(mask) => {
+                let dropped = lora_dropout(x.clone(), mask);
+                let base_dropped = self.base.forward(dropped.clone());
+                let rescaled = dora(lora(dropped, base_dropped.clone(), a, b, spec), magnitude, norm, bias);
+                self.base.forward(x) - base_dropped + rescaled
+            }
+        }
+    }
+
+    /// The forward with `dropout` on the adapter's input (`None`: none), where
+    /// [`LinearLayer::forward`] draws a fresh mask each call while training.
+    pub fn forward_with_dropout<const D: usize>(&self, x: Tensor<B, D>, dropout: Option<DropoutMask>) -> Tensor<B, D> {
+        let Some(adapter) = self.adapter.as_ref().filter(|_| !self.merged) else {
+            return self.base.forward(x);
+        };
+        if let Some(m) = &adapter.magnitude {
+            return self.dora_forward(x, adapter, m.val(), dropout);
+        }
+        let spec = LoraSpec { scale: adapter.scale() as f32, dropout };
+        let base = self.base.forward(x.clone());
+        lora(x, base, adapter.lora_a.val(), adapter.lora_b.val(), spec)
+    }
+
+    /// The weight the forward applies, `[d_input, d_output]` in f32: `W + ΔW`, for DoRA
+    /// rescaled per output column.
+    fn adapted_weight(&self, adapter: &LoraAdapter<B>) -> Tensor<B, 2> {
+        let sum = self.base.dense_weight(DType::F32) + adapter.delta();
+        match &adapter.magnitude {
+            Some(m) => sum.clone() * dora_scale(&sum, m.val()).unsqueeze(),
+            None => sum,
+        }
+    }
+}
+
+/// `m / ‖W_o‖` per output column of a `[d_input, d_output]` weight, f32.
+fn dora_scale<B: Backend>(weight: &Tensor<B, 2>, magnitude: Tensor<B, 1>) -> Tensor<B, 1> {
+    magnitude.cast(FloatDType::F32) / weight.clone().square().sum_dim(0).sqrt().squeeze_dim::<1>(0)
 }
 
 /// The next dropout seed of every LoRA layer in the process (a Weyl sequence; the mask hashes it).
@@ -159,9 +259,7 @@ impl<B: LoraBackend, L: LinearLayer<B>> LinearLayer<B> for LoraLinear<B, L> {
         };
         let p = adapter.config.dropout;
         let dropout = (p > 0.0 && B::ad_enabled(&x.device())).then(|| DropoutMask::new(p, next_dropout_seed()));
-        let spec = LoraSpec { scale: adapter.scale() as f32, dropout };
-        let base = self.base.forward(x.clone());
-        lora(x, base, adapter.lora_a.val(), adapter.lora_b.val(), spec)
+        self.forward_with_dropout(x, dropout)
     }
 
     fn d_input(&self) -> usize {
@@ -171,18 +269,49 @@ impl<B: LoraBackend, L: LinearLayer<B>> LinearLayer<B> for LoraLinear<B, L> {
     fn d_output(&self) -> usize {
         self.base.d_output()
     }
+
+    fn bias(&self) -> Option<Tensor<B, 1>> {
+        self.base.bias()
+    }
+
+    fn dense_weight(&self, dtype: DType) -> Tensor<B, 2> {
+        match self.adapter.as_ref().filter(|_| !self.merged) {
+            Some(adapter) => self.adapted_weight(adapter).cast(FloatDType::from(dtype)),
+            None => self.base.dense_weight(dtype),
+        }
+    }
 }
 
 impl<B: LoraBackend> LoraLinear<B, Linear<B>> {
-    /// Add the adapter's update into the float base weight (the forward then skips the adapter).
-    /// No-op without an adapter or when merged already.
+    /// Put the adapter's update into the float base weight (the forward then skips the adapter):
+    /// `W + ΔW`, for DoRA `m · (W + ΔW) / ‖W + ΔW‖`. No-op without an adapter or when merged
+    /// already.
     pub fn merge(&mut self) {
-        self.shift_base(false);
+        let Some(adapter) = self.adapter.as_ref().filter(|_| !self.merged) else { return };
+        let sum = self.base.dense_weight(DType::F32) + adapter.delta();
+        let merged = match &adapter.magnitude {
+            Some(m) => {
+                let scale = dora_scale(&sum, m.val()).detach();
+                self.merged_scale = Some(scale.clone());
+                sum * scale.unsqueeze()
+            }
+            None => sum,
+        };
+        self.set_base_weight(merged);
+        self.merged = true;
     }
 
     /// Take the update back out of the base weight.
     pub fn unmerge(&mut self) {
-        self.shift_base(true);
+        let Some(adapter) = self.adapter.as_ref().filter(|_| self.merged) else { return };
+        let weight = self.base.dense_weight(DType::F32);
+        let weight = match self.merged_scale.take() {
+            Some(scale) => weight / scale.unsqueeze(),
+            None => weight,
+        };
+        let unmerged = weight - adapter.delta();
+        self.set_base_weight(unmerged);
+        self.merged = false;
     }
 
     /// The base with the update merged in, the adapter dropped (PEFT's `merge_and_unload`).
@@ -191,18 +320,9 @@ impl<B: LoraBackend> LoraLinear<B, Linear<B>> {
         self.base
     }
 
-    fn shift_base(&mut self, unmerge: bool) {
-        let Some(adapter) = &self.adapter else { return };
-        if self.merged != unmerge {
-            return;
-        }
-        let delta = adapter.delta().detach();
-        let delta = if unmerge { delta.neg() } else { delta };
-        let weight = self.base.weight.clone().map(|w| {
-            let dtype = w.dtype();
-            (w + delta.cast(dtype)).detach().set_require_grad(false)
-        });
-        self.base.weight = weight;
-        self.merged = !unmerge;
+    /// Replace the base weight by `weight` (f32) in the base's dtype, frozen.
+    fn set_base_weight(&mut self, weight: Tensor<B, 2>) {
+        let weight = weight.detach();
+        self.base.weight = self.base.weight.clone().map(|w| weight.cast(FloatDType::from(w.dtype())).set_require_grad(false));
     }
 }

@@ -176,4 +176,12 @@ impl<B: Nf4Backend> LinearLayer<B> for Nf4Linear<B> {
     fn d_output(&self) -> usize {
         self.layout.n
     }
+
+    fn bias(&self) -> Option<Tensor<B, 1>> {
+        self.bias.as_ref().map(|b| b.val())
+    }
+
+    fn dense_weight(&self, dtype: DType) -> Tensor<B, 2> {
+        self.dequantize(dtype)
+    }
 }

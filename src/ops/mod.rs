@@ -1,6 +1,7 @@
 //! The public functional API on `Tensor<B, D>` and, per op, its backend trait, reference
 //! implementation, CubeCL implementation, fusion registration and autodiff backward.
 
+pub mod dora;
 pub mod flash_attention;
 pub mod lora;
 pub mod matmul;
@@ -10,6 +11,7 @@ pub mod rms_norm_rope;
 pub mod rope;
 pub mod swiglu;
 
+pub use dora::{dora, dora_norm};
 pub use flash_attention::{AttentionOptions, flash_attention};
 pub use lora::lora;
 pub use matmul::{linear, linear_residual, matmul};

@@ -55,12 +55,12 @@ fn wrap<B: Backend, const D: usize>(t: burn::tensor::ops::FloatTensor<B>) -> Ten
 }
 
 /// `Σ out · w` for a fixed random `w`: a loss whose gradient w.r.t. `out` is `w`.
-fn weighted<B: Backend, const D: usize>(out: Tensor<B, D>, seed: u64, device: &B::Device) -> Tensor<B, 1> {
+pub fn weighted<B: Backend, const D: usize>(out: Tensor<B, D>, seed: u64, device: &B::Device) -> Tensor<B, 1> {
     let w = tensor::<B, D>(&random(&out.dims(), seed), out.dtype(), device);
     (out * w).sum()
 }
 
-fn grad<B: burn::tensor::backend::AutodiffBackend, const D: usize>(t: &Tensor<B, D>, grads: &B::Gradients) -> Vec<f64> {
+pub fn grad<B: burn::tensor::backend::AutodiffBackend, const D: usize>(t: &Tensor<B, D>, grads: &B::Gradients) -> Vec<f64> {
     values(t.grad(grads).expect("input has a gradient"))
 }
 
@@ -421,67 +421,5 @@ impl Case for Nf4Case {
 
     fn footprint(&self) -> usize {
         self.m * (self.k + self.n) + self.k * self.n
-    }
-}
-
-/// `y = base + s · dropout(x) · Aᵀ · Bᵀ` on `x [batch, m, d_in]`, a random `base [batch, m,
-/// d_out]`, `A [r, d_in]`, `B [out, r]`, with every gradient; the reference is the formula in
-/// plain Burn ops with the dropout mask built on the host from the same hash.
-#[derive(Debug, Clone, Copy)]
-pub struct LoraCase {
-    pub batch: usize,
-    pub m: usize,
-    pub d_in: usize,
-    pub d_out: usize,
-    pub rank: usize,
-    pub scale: f32,
-    /// Drop probability (0: no dropout).
-    pub dropout: f64,
-    pub seed: u64,
-}
-
-impl LoraCase {
-    fn mask(&self) -> Option<ops::lora::DropoutMask> {
-        (self.dropout > 0.0).then(|| ops::lora::DropoutMask::new(self.dropout, self.seed))
-    }
-}
-
-impl Case for LoraCase {
-    fn run<B: KilnAutodiffBackend>(&self, device: &B::Device, dtype: DType, kernel: bool) -> Outputs {
-        let (b, m, s) = (self.batch, self.m, self.seed);
-        let x = tensor::<B, 3>(&random(&[b, m, self.d_in], s), dtype, device).require_grad();
-        let base = tensor::<B, 3>(&random(&[b, m, self.d_out], s + 1), dtype, device).require_grad();
-        let a = tensor::<B, 2>(&random(&[self.rank, self.d_in], s + 2), dtype, device).require_grad();
-        let bw = tensor::<B, 2>(&random(&[self.d_out, self.rank], s + 3), dtype, device).require_grad();
-        let y = if kernel {
-            let spec = ops::lora::LoraSpec { scale: self.scale, dropout: self.mask() };
-            ops::lora(x.clone(), base.clone(), a.clone(), bw.clone(), spec)
-        } else {
-            let dropped = match self.mask() {
-                Some(mask) => {
-                    let factors: Vec<f64> = (0..b * m * self.d_in).map(|i| if mask.keeps(i as u32) { mask.scale as f64 } else { 0.0 }).collect();
-                    x.clone() * tensor::<B, 3>(&burn::tensor::TensorData::new(factors, [b, m, self.d_in]), dtype, device)
-                }
-                None => x.clone(),
-            };
-            let h = dropped.matmul(a.clone().transpose().unsqueeze());
-            base.clone() + h.matmul(bw.clone().transpose().unsqueeze()) * self.scale
-        };
-        let grads = weighted(y.clone(), s + 4, device).backward();
-        vec![
-            ("y", values(y)),
-            ("dx", grad(&x, &grads)),
-            ("dbase", grad(&base, &grads)),
-            ("da", grad(&a, &grads)),
-            ("db", grad(&bw, &grads)),
-        ]
-    }
-
-    fn depth(&self) -> f64 {
-        self.d_in.max(self.d_out).max(self.batch * self.m) as f64
-    }
-
-    fn footprint(&self) -> usize {
-        self.batch * self.m * (self.d_in + self.d_out + self.rank) + self.rank * (self.d_in + self.d_out)
     }
 }

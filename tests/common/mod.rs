@@ -5,6 +5,7 @@
 
 #![allow(dead_code)]
 
+pub mod adapters;
 pub mod checks;
 
 use burn::backend::{Autodiff, NdArray};

@@ -1,6 +1,7 @@
 //! PEFT's LoRA files: `adapter_config.json` and `adapter_model.safetensors`, whose tensors are
-//! named `base_model.model.<module path>.lora_A.weight` (`[r, in]`) and `.lora_B.weight`
-//! (`[out, r]`). What PEFT saves loads here, and what is saved here loads in PEFT.
+//! named `base_model.model.<module path>.lora_A.weight` (`[r, in]`), `.lora_B.weight`
+//! (`[out, r]`) and, for DoRA (`use_dora`), `.lora_magnitude_vector` (`[out]`). What PEFT saves
+//! loads here, and what is saved here loads in PEFT.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
@@ -71,7 +72,12 @@ impl PeftConfig {
     /// The adapter configuration these fields describe (`r` is the default rank; a layer's own
     /// rank comes from its tensors, which is how PEFT's `rank_pattern` ends up in the file).
     pub fn lora(&self) -> LoraConfig {
-        LoraConfig::new().with_rank(self.r).with_alpha(self.lora_alpha).with_dropout(self.lora_dropout).with_rslora(self.use_rslora)
+        LoraConfig::new()
+            .with_rank(self.r)
+            .with_alpha(self.lora_alpha)
+            .with_dropout(self.lora_dropout)
+            .with_rslora(self.use_rslora)
+            .with_dora(self.use_dora)
     }
 
     /// Refuse what kiln does not apply, naming the field: a silent difference would change the
@@ -80,9 +86,6 @@ impl PeftConfig {
         let refuse = |field: &str, why: &str| Err(LoadError::field(path, field, why));
         if self.peft_type != "LORA" {
             return refuse("peft_type", "only LORA adapters are read");
-        }
-        if self.use_dora {
-            return refuse("use_dora", "DoRA adapters are not supported yet");
         }
         if self.fan_in_fan_out {
             return refuse("fan_in_fan_out", "Conv1D-style (GPT-2) weights are not supported");
@@ -145,7 +148,8 @@ pub fn load_adapter<B: Backend, L: LinearLayer<B>>(decoder: Decoder<B, L>, dir: 
         return Err(e);
     }
     if let Some(name) = unused.into_iter().next() {
-        return Err(LoadError::tensor(&weights, name, "not the lora_A/lora_B of one of the model's attention or MLP linears"));
+        let why = if lora.dora { "not an adapter tensor of one of the model's attention or MLP linears" } else { "not the lora_A/lora_B of one of the model's attention or MLP linears (a magnitude needs use_dora)" };
+        return Err(LoadError::tensor(&weights, name, why));
     }
     Ok(decoder)
 }
@@ -157,7 +161,7 @@ fn read_adapter<B: Backend, L: LinearLayer<B>>(
     layer: &LoraLinear<B, L>,
     lora: &LoraConfig,
     device: &B::Device,
-) -> Result<Option<(LoraAdapter<B>, [String; 2])>> {
+) -> Result<Option<(LoraAdapter<B>, Vec<String>)>> {
     let (a_key, b_key) = (format!("{PREFIX}{name}.lora_A.weight"), format!("{PREFIX}{name}.lora_B.weight"));
     let (has_a, has_b) = (source.contains(&a_key), source.contains(&b_key));
     if !has_a && !has_b {
@@ -174,12 +178,21 @@ fn read_adapter<B: Backend, L: LinearLayer<B>>(
     }
     let a: Tensor<B, 2> = source.param(&a_key, [rank, layer.base.d_input()], ParamKind::Bias, device)?;
     let b: Tensor<B, 2> = source.param(&b_key, [layer.base.d_output(), rank], ParamKind::Bias, device)?;
-    Ok(Some((LoraAdapter::new(a, b, lora), [a_key, b_key])))
+    let adapter = LoraAdapter::new(a, b, lora);
+    if !lora.dora {
+        return Ok(Some((adapter, vec![a_key, b_key])));
+    }
+    let m_key = format!("{PREFIX}{name}.lora_magnitude_vector");
+    if !source.contains(&m_key) {
+        return Err(LoadError::tensor(&origin, m_key, "missing: a DoRA adapter (use_dora) needs its magnitude"));
+    }
+    let magnitude: Tensor<B, 1> = source.param(&m_key, [layer.base.d_output()], ParamKind::Bias, device)?;
+    Ok(Some((adapter.with_magnitude(magnitude), vec![a_key, b_key, m_key])))
 }
 
 /// Writes the decoder's adapters as PEFT files into `dir` (created if needed), in the adapters'
-/// dtype. `base_model` goes to `base_model_name_or_path`. Adapters must share alpha, dropout and
-/// rsLoRA; ranks may differ (written as PEFT's `rank_pattern`).
+/// dtype. `base_model` goes to `base_model_name_or_path`. Adapters must share alpha, dropout,
+/// rsLoRA and DoRA; ranks may differ (written as PEFT's `rank_pattern`).
 pub fn save_adapter<B: Backend, L: LinearLayer<B>>(decoder: &LoraDecoder<B, L>, dir: &Path, base_model: Option<&str>) -> Result<()> {
     let config_path = dir.join(CONFIG_FILE);
     let adapters: Vec<(String, &LoraAdapter<B>)> =
@@ -187,9 +200,9 @@ pub fn save_adapter<B: Backend, L: LinearLayer<B>>(decoder: &LoraDecoder<B, L>, 
     let Some((_, first)) = adapters.first() else {
         return Err(LoadError::field(&config_path, "target_modules", "the model has no adapters to save"));
     };
-    let shared = |c: &LoraConfig| (c.alpha.to_bits(), c.dropout.to_bits(), c.rslora);
-    if let Some((name, _)) = adapters.iter().find(|(_, a)| shared(&a.config) != shared(&first.config)) {
-        return Err(LoadError::field(&config_path, name.clone(), "adapters with different alpha, dropout or rsLoRA cannot share one PEFT config"));
+    let shared = |a: &LoraAdapter<B>| (a.config.alpha.to_bits(), a.config.dropout.to_bits(), a.config.rslora, a.magnitude.is_some());
+    if let Some((name, _)) = adapters.iter().find(|(_, a)| shared(a) != shared(first)) {
+        return Err(LoadError::field(&config_path, name.clone(), "adapters with different alpha, dropout, rsLoRA or DoRA cannot share one PEFT config"));
     }
     let r = most_common(adapters.iter().map(|(_, a)| a.rank()));
     let rank_pattern = adapters.iter().filter(|(_, a)| a.rank() != r).map(|(n, a)| (n.clone(), serde_json::json!(a.rank()))).collect();
@@ -201,7 +214,7 @@ pub fn save_adapter<B: Backend, L: LinearLayer<B>>(decoder: &LoraDecoder<B, L>, 
         lora_alpha: first.config.alpha,
         lora_dropout: first.config.dropout,
         use_rslora: first.config.rslora,
-        use_dora: false,
+        use_dora: first.magnitude.is_some(),
         fan_in_fan_out: false,
         bias: no_bias(),
         lora_bias: false,
@@ -216,10 +229,13 @@ pub fn save_adapter<B: Backend, L: LinearLayer<B>>(decoder: &LoraDecoder<B, L>, 
     let json = serde_json::to_string_pretty(&peft).expect("a PEFT config serializes");
     std::fs::write(&config_path, json).map_err(|e| LoadError::io(&config_path, e))?;
 
-    let mut tensors = Vec::with_capacity(2 * adapters.len());
+    let mut tensors = Vec::with_capacity(3 * adapters.len());
     for (name, a) in &adapters {
         tensors.push((format!("{PREFIX}{name}.lora_A.weight"), a.lora_a.val().into_data()));
         tensors.push((format!("{PREFIX}{name}.lora_B.weight"), a.lora_b.val().into_data()));
+        if let Some(m) = &a.magnitude {
+            tensors.push((format!("{PREFIX}{name}.lora_magnitude_vector"), m.val().into_data()));
+        }
     }
     let weights = dir.join(WEIGHTS_FILE);
     let views = tensors

@@ -1,6 +1,7 @@
 //! LoRA under `Autodiff`: the node's parents are `x`, `base`, `A`, `B`; it keeps `x`, `h`, `A`
 //! and `B` (`h`, the forward's `[rows, r]` product, is reused by `dB`), and its backward passes
-//! `dy` on to the base unchanged.
+//! `dy` on to the base unchanged. The stand-alone dropout is a node of its own whose backward is
+//! the same dropout (it is linear and its own adjoint), the mask rebuilt from the seed.
 
 use burn::backend::autodiff::{
     Autodiff,
@@ -45,11 +46,28 @@ impl<B: LoraBackend> Backward<B, 4> for LoraGrad {
     }
 }
 
+#[derive(Debug)]
+struct DropoutGrad;
+
+impl<B: LoraBackend> Backward<B, 1> for DropoutGrad {
+    type State = DropoutMask;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = grads.consume::<B>(&ops.node);
+        let [x_node] = ops.parents;
+        if let Some(node) = x_node {
+            grads.register::<B>(node.id, B::lora_dropout(dy, ops.state));
+        }
+    }
+}
+
 impl<B: LoraBackend, C: CheckpointStrategy> LoraBackend for Autodiff<B, C> {
     fn lora_dropout(x: FloatTensor<Self>, mask: DropoutMask) -> FloatTensor<Self> {
-        // Only [`LoraBackend::lora_forward`]'s products see the dropout under autodiff; this
-        // stand-alone form (the same mask, for inspection) is not differentiated.
-        Self::from_inner(B::lora_dropout(x.primitive, mask))
+        let y = B::lora_dropout(x.primitive, mask);
+        match DropoutGrad.prepare::<C>([x.node]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish(mask, y),
+            OpsKind::UnTracked(prep) => prep.finish(y),
+        }
     }
 
     fn lora_forward(

@@ -20,6 +20,7 @@ pub use kiln_kernels::lora::DropoutMask;
 
 use burn::tensor::{Shape, Tensor, ops::FloatTensor};
 
+use super::dora::DoraBackend;
 use super::matmul::MatmulBackend;
 use super::{prim, wrap};
 use crate::error::{ensure, ensure_float, ensure_same_dtype};
@@ -42,10 +43,11 @@ pub struct LoraGrads<T> {
     pub b: T,
 }
 
-/// Backend support for LoRA updates. The default methods run the products through the backend's
-/// [`MatmulBackend::gemm`] and the dropout through [`LoraBackend::lora_dropout`], whose default is
-/// the reference (a mask built on the host).
-pub trait LoraBackend: MatmulBackend {
+/// Backend support for LoRA updates (and, through [`DoraBackend`], DoRA's rescaling of them). The
+/// default methods run the products through the backend's [`MatmulBackend::gemm`] and the dropout
+/// through [`LoraBackend::lora_dropout`], whose default is the reference (a mask built on the
+/// host).
+pub trait LoraBackend: MatmulBackend + DoraBackend {
     /// `x` with the elements `mask` drops zeroed and the others scaled by `1 / (1 − p)`.
     fn lora_dropout(x: FloatTensor<Self>, mask: DropoutMask) -> FloatTensor<Self> {
         reference::dropout::<Self>(x, mask)

@@ -1,0 +1,80 @@
+//! DoRA on the H100: parity of the rescaling op and of whole DoRA layers (PEFT's dense formula,
+//! every gradient) in f32/bf16, and a DoRA / QDoRA layer's training step next to its base and
+//! its LoRA step; PEFT's DoRA (which forms `B·A` and the whole weight's norm every step) runs the
+//! same steps in `peers/dora.py` in the same call.
+
+use burn::backend::{Autodiff, cuda::CudaDevice};
+use burn::module::Param;
+use burn::tensor::{DType, Distribution, Tensor};
+use kiln::nn::{Linear, LinearLayer, LoraAdapter, LoraConfig, LoraLinear, Nf4Linear};
+use kiln::ops::nf4::QuantType;
+
+use super::B;
+use super::common::adapters::{DoraCase, DoraLayerCase};
+
+type Ad = Autodiff<B>;
+
+/// `(d_in, d_out)` of the Llama-7B projections the steps run at.
+const STEPS: [(usize, usize); 2] = [(4096, 4096), (4096, 11008)];
+const TOKENS: usize = 4096;
+const RANK: usize = 16;
+
+pub fn op_cases() -> Vec<DoraCase> {
+    let case = |batch, m, d_out, bias, seed| DoraCase { batch, m, d_out, bias, seed };
+    vec![case(1, 1, 4096, false, 1), case(2, 333, 1001, true, 2), case(1, 4096, 11008, false, 3)]
+}
+
+pub fn layer_cases() -> Vec<DoraLayerCase> {
+    let case = |batch, m, d_in, d_out, rank, rslora, bias, dropout, seed| DoraLayerCase { batch, m, d_in, d_out, rank, rslora, bias, dropout, seed };
+    vec![case(1, 512, 4096, 1024, 16, false, false, 0.0, 1), case(2, 33, 1000, 257, 8, true, true, 0.1, 2), case(1, 64, 520, 96, 64, false, false, 0.0, 3)]
+}
+
+fn bf16(shape: [usize; 2], std: f64, device: &CudaDevice) -> Tensor<Ad, 2> {
+    Tensor::<Ad, 2>::random(shape, Distribution::Normal(0.0, std), device).cast(DType::BF16)
+}
+
+/// A bf16 adapter with random `A` and `B` (a trained adapter's work), DoRA when `dora`.
+fn adapted<L: LinearLayer<Ad>>(base: L, dora: bool, dropout: f64, device: &CudaDevice) -> LoraLinear<Ad, L> {
+    let (d_in, d_out) = (base.d_input(), base.d_output());
+    let config = LoraConfig::new().with_rank(RANK).with_alpha(2.0 * RANK as f64).with_dropout(dropout).with_dora(dora);
+    let adapter = LoraAdapter::new(bf16([RANK, d_in], 0.02, device), bf16([d_out, RANK], 0.02, device), &config);
+    let adapter = if dora { adapter.with_magnitude(Tensor::<Ad, 1>::random([d_out], Distribution::Uniform(0.5, 1.5), device).cast(DType::BF16)) } else { adapter };
+    LoraLinear::frozen(base).with_adapter(adapter)
+}
+
+/// Seconds per training step of `layer` on `x`: forward, backward from `dy`, `x`'s gradient read.
+fn step<L: LinearLayer<Ad>>(layer: &L, x: &Tensor<Ad, 2>, dy: &Tensor<Ad, 2>, device: &CudaDevice) -> f64 {
+    super::time_adaptive(device, 0.3, 100, || {
+        let y = layer.forward(x.clone());
+        let grads = (y * dy.clone()).sum().backward();
+        x.grad(&grads).unwrap()
+    })
+}
+
+/// DoRA steps (bf16 float base, rank 16; with dropout 0.1; on an NF4 base) next to the base alone
+/// and the LoRA step, 4096 tokens.
+pub fn bench_steps(device: &CudaDevice) {
+    for (d_in, d_out) in STEPS {
+        let x = bf16([TOKENS, d_in], 1.0, device).require_grad();
+        let dy = bf16([TOKENS, d_out], 1.0, device);
+        let linear = Linear { weight: Param::from_tensor(bf16([d_in, d_out], 0.02, device)), bias: None };
+        let nf4 = Nf4Linear::from_linear(&linear, QuantType::Nf4, 64, true);
+        let base = step(&LoraLinear::frozen(linear.clone()), &x, &dy, device);
+        let lora = step(&adapted(linear.clone(), false, 0.0, device), &x, &dy, device);
+        let dora = step(&adapted(linear.clone(), true, 0.0, device), &x, &dy, device);
+        let dora_dropout = step(&adapted(linear.clone(), true, 0.1, device), &x, &dy, device);
+        let qbase = step(&LoraLinear::frozen(nf4.clone()), &x, &dy, device);
+        let qdora = step(&adapted(nf4, true, 0.0, device), &x, &dy, device);
+        let ms = |t: f64| t * 1e3;
+        println!(
+            "bench dora step t{TOKENS} k{d_in} n{d_out} r{RANK} bf16: kiln base {:.3} ms, lora {:.3} ms, dora {:.3} ms (+{:.3} over lora), dora+dropout0.1 {:.3} ms | nf4 base {:.3} ms, qdora {:.3} ms",
+            ms(base),
+            ms(lora),
+            ms(dora),
+            ms(dora - lora),
+            ms(dora_dropout),
+            ms(qbase),
+            ms(qdora)
+        );
+    }
+}

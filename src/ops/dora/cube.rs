@@ -1,0 +1,79 @@
+//! DoRA's rescaling on CubeCL backends: shape bookkeeping and allocation around
+//! `kiln_kernels::dora`.
+
+use burn::tensor::{DType, FloatDType, TensorMetadata, ops::{FloatTensor, FloatTensorOps}};
+use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement, tensor::CubeTensor};
+use kiln_kernels::dora::{DoraBackwardArgs, DoraBackwardPlan, DoraColumns, launch_backward, launch_forward};
+use kiln_kernels::row::vector_size_for;
+
+use super::{DoraBackend, reference};
+use crate::backend::cube::{dense, empty_like_device, storage, sum_partials};
+
+/// `(rows, width)` of a `[.., width]` tensor.
+fn rows_width<R: CubeRuntime>(u: &CubeTensor<R>) -> (usize, usize) {
+    let shape = u.shape();
+    let width = shape[shape.num_dims() - 1];
+    (shape.num_elements() / width.max(1), width)
+}
+
+/// The column inputs, dense, the norm in f32, and the vector width they share with `u`.
+fn columns<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
+    u: &CubeTensor<R>,
+    magnitude: CubeTensor<R>,
+    norm: CubeTensor<R>,
+    bias: Option<CubeTensor<R>>,
+) -> (DoraColumns<R>, usize) {
+    let norm = match norm.dtype {
+        DType::F32 => norm,
+        _ => CubeBackend::<R, F, I, BT>::float_cast(norm, FloatDType::F32),
+    };
+    let vector_size = vector_size_for(&u.client, rows_width(u).1, u.dtype.size(), 16);
+    let (magnitude, norm) = (dense(magnitude), dense(norm));
+    let has_bias = bias.is_some();
+    // Without a bias the kernel never reads it: the magnitude stands in for the binding.
+    let bias = bias.map(dense).unwrap_or_else(|| magnitude.clone());
+    let columns = DoraColumns { magnitude: magnitude.into_array_arg(), norm: norm.into_array_arg(), bias: bias.into_array_arg(), has_bias };
+    (columns, vector_size)
+}
+
+impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> DoraBackend for CubeBackend<R, F, I, BT> {
+    fn dora_forward(u: FloatTensor<Self>, magnitude: FloatTensor<Self>, norm: FloatTensor<Self>, bias: Option<FloatTensor<Self>>) -> FloatTensor<Self> {
+        let (rows, width) = rows_width(&u);
+        if rows == 0 || width == 0 {
+            return reference::forward::<Self>(u, magnitude, norm, bias);
+        }
+        let u = dense(u);
+        let (columns, vector_size) = columns::<R, F, I, BT>(&u, magnitude, norm, bias);
+        let y = empty_like_device(&u, u.shape(), u.dtype);
+        launch_forward(&u.client.clone(), storage(&u), rows, width, vector_size, columns, u.into_array_arg(), y.clone().into_array_arg());
+        y
+    }
+
+    fn dora_backward(
+        u: FloatTensor<Self>,
+        magnitude: FloatTensor<Self>,
+        norm: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        dy: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (rows, width) = rows_width(&u);
+        if rows == 0 || width == 0 {
+            return reference::backward::<Self>(u, magnitude, norm, bias, dy);
+        }
+        let (u, dy) = (dense(u), dense(dy));
+        let m_dtype = magnitude.dtype;
+        let (columns, vector_size) = columns::<R, F, I, BT>(&u, magnitude, norm, bias);
+        let client = u.client.clone();
+        let plan = DoraBackwardPlan::new(&client, rows, width / vector_size);
+        let du = empty_like_device(&u, u.shape(), u.dtype);
+        let partials = empty_like_device(&u, [plan.partial_rows(), width], DType::F32);
+        let args = DoraBackwardArgs {
+            u: u.clone().into_array_arg(),
+            dy: dy.into_array_arg(),
+            du: du.clone().into_array_arg(),
+            dm_partials: partials.clone().into_array_arg(),
+        };
+        launch_backward(&client, storage(&u), plan, rows, width, vector_size, columns, args);
+        (du, sum_partials::<R, F, I, BT>(partials, m_dtype))
+    }
+}

@@ -1,0 +1,198 @@
+//! Cases of the adapter ops: LoRA's update, DoRA's rescaling, and a whole DoRA layer against
+//! PEFT's dense formula.
+
+use burn::module::Param;
+use burn::tensor::{DType, Tensor, TensorData};
+use kiln::KilnAutodiffBackend;
+use kiln::nn::{Linear, LoraAdapter, LoraConfig, LoraLinear};
+use kiln::ops::{self, lora::DropoutMask};
+
+use super::checks::{Case, grad, weighted};
+use super::{random, tensor, values};
+
+type Outputs = Vec<(&'static str, Vec<f64>)>;
+
+/// `x` times the dropout factors of `mask` (0 or `1 / (1 − p)`), built on the host.
+fn dropped<B: KilnAutodiffBackend>(x: Tensor<B, 3>, mask: DropoutMask) -> Tensor<B, 3> {
+    let dims = x.dims();
+    let factors: Vec<f64> = (0..dims.iter().product::<usize>()).map(|i| if mask.keeps(i as u32) { mask.scale as f64 } else { 0.0 }).collect();
+    let factors = tensor::<B, 3>(&TensorData::new(factors, dims), x.dtype(), &x.device());
+    x * factors
+}
+
+/// `y = base + s · dropout(x) · Aᵀ · Bᵀ` on `x [batch, m, d_in]`, a random `base [batch, m,
+/// d_out]`, `A [r, d_in]`, `B [out, r]`, with every gradient; the reference is the formula in
+/// plain Burn ops with the dropout mask built on the host from the same hash.
+#[derive(Debug, Clone, Copy)]
+pub struct LoraCase {
+    pub batch: usize,
+    pub m: usize,
+    pub d_in: usize,
+    pub d_out: usize,
+    pub rank: usize,
+    pub scale: f32,
+    /// Drop probability (0: no dropout).
+    pub dropout: f64,
+    pub seed: u64,
+}
+
+impl LoraCase {
+    fn mask(&self) -> Option<ops::lora::DropoutMask> {
+        (self.dropout > 0.0).then(|| ops::lora::DropoutMask::new(self.dropout, self.seed))
+    }
+}
+
+impl Case for LoraCase {
+    fn run<B: KilnAutodiffBackend>(&self, device: &B::Device, dtype: DType, kernel: bool) -> Outputs {
+        let (b, m, s) = (self.batch, self.m, self.seed);
+        let x = tensor::<B, 3>(&random(&[b, m, self.d_in], s), dtype, device).require_grad();
+        let base = tensor::<B, 3>(&random(&[b, m, self.d_out], s + 1), dtype, device).require_grad();
+        let a = tensor::<B, 2>(&random(&[self.rank, self.d_in], s + 2), dtype, device).require_grad();
+        let bw = tensor::<B, 2>(&random(&[self.d_out, self.rank], s + 3), dtype, device).require_grad();
+        let y = if kernel {
+            let spec = ops::lora::LoraSpec { scale: self.scale, dropout: self.mask() };
+            ops::lora(x.clone(), base.clone(), a.clone(), bw.clone(), spec)
+        } else {
+            let dropped = match self.mask() {
+                Some(mask) => dropped(x.clone(), mask),
+                None => x.clone(),
+            };
+            let h = dropped.matmul(a.clone().transpose().unsqueeze());
+            base.clone() + h.matmul(bw.clone().transpose().unsqueeze()) * self.scale
+        };
+        let grads = weighted(y.clone(), s + 4, device).backward();
+        vec![
+            ("y", values(y)),
+            ("dx", grad(&x, &grads)),
+            ("dbase", grad(&base, &grads)),
+            ("da", grad(&a, &grads)),
+            ("db", grad(&bw, &grads)),
+        ]
+    }
+
+    fn depth(&self) -> f64 {
+        self.d_in.max(self.d_out).max(self.batch * self.m) as f64
+    }
+
+    fn footprint(&self) -> usize {
+        self.batch * self.m * (self.d_in + self.d_out + self.rank) + self.rank * (self.d_in + self.d_out)
+    }
+}
+
+/// A positive `[n]` vector (`|N(0, 1)| + 0.5`): DoRA's norms and magnitudes.
+fn positive<B: KilnAutodiffBackend>(n: usize, seed: u64, dtype: DType, device: &B::Device) -> Tensor<B, 1> {
+    tensor::<B, 1>(&random(&[n], seed), dtype, device).abs() + 0.5
+}
+
+/// DoRA's rescaling `y = (m / n) · (u − b) + b` on `u [batch, m, out]`, with `du` and `dm`; the
+/// norm `n` is a constant, the bias (optional) a frozen one.
+#[derive(Debug, Clone, Copy)]
+pub struct DoraCase {
+    pub batch: usize,
+    pub m: usize,
+    pub d_out: usize,
+    pub bias: bool,
+    pub seed: u64,
+}
+
+impl Case for DoraCase {
+    fn run<B: KilnAutodiffBackend>(&self, device: &B::Device, dtype: DType, kernel: bool) -> Outputs {
+        let s = self.seed;
+        let u = tensor::<B, 3>(&random(&[self.batch, self.m, self.d_out], s), dtype, device).require_grad();
+        let magnitude = positive::<B>(self.d_out, s + 1, dtype, device).require_grad();
+        let norm = positive::<B>(self.d_out, s + 2, dtype, device);
+        let bias = self.bias.then(|| tensor::<B, 1>(&random(&[self.d_out], s + 3), dtype, device));
+        let y = if kernel {
+            ops::dora(u.clone(), magnitude.clone(), norm, bias)
+        } else {
+            let c = (magnitude.clone() / norm).unsqueeze::<3>();
+            match bias {
+                Some(b) => {
+                    let b = b.unsqueeze::<3>();
+                    c * (u.clone() - b.clone()) + b
+                }
+                None => c * u.clone(),
+            }
+        };
+        let grads = weighted(y.clone(), s + 4, device).backward();
+        vec![("y", values(y)), ("du", grad(&u, &grads)), ("dm", grad(&magnitude, &grads))]
+    }
+
+    fn depth(&self) -> f64 {
+        (self.batch * self.m) as f64
+    }
+
+    fn footprint(&self) -> usize {
+        self.batch * self.m * self.d_out * 3
+    }
+}
+
+/// A DoRA layer (`LoraLinear` over a float `Linear`, trained `B`, optional bias and dropout)
+/// against PEFT's dense formula: `W' = W + s·B·A`, `c = m / ‖W'‖` (detached),
+/// `y = x·W + b + (c − 1)·(x̃·W) + c·(x̃·ΔW)` with `x̃` the dropped-out input; gradients of `x`, `A`,
+/// `B` and `m`.
+#[derive(Debug, Clone, Copy)]
+pub struct DoraLayerCase {
+    pub batch: usize,
+    pub m: usize,
+    pub d_in: usize,
+    pub d_out: usize,
+    pub rank: usize,
+    pub rslora: bool,
+    pub bias: bool,
+    pub dropout: f64,
+    pub seed: u64,
+}
+
+impl DoraLayerCase {
+    fn config(&self) -> LoraConfig {
+        LoraConfig::new().with_rank(self.rank).with_alpha(2.0 * self.rank as f64).with_rslora(self.rslora).with_dropout(self.dropout).with_dora(true)
+    }
+}
+
+impl Case for DoraLayerCase {
+    fn run<B: KilnAutodiffBackend>(&self, device: &B::Device, dtype: DType, kernel: bool) -> Outputs {
+        let (s, config) = (self.seed, self.config());
+        let x = tensor::<B, 3>(&random(&[self.batch, self.m, self.d_in], s), dtype, device).require_grad();
+        let w = tensor::<B, 2>(&random(&[self.d_in, self.d_out], s + 1), dtype, device) / (self.d_in as f64).sqrt();
+        let bias = self.bias.then(|| tensor::<B, 1>(&random(&[self.d_out], s + 2), dtype, device));
+        let a = tensor::<B, 2>(&random(&[self.rank, self.d_in], s + 3), dtype, device) / (self.d_in as f64).sqrt();
+        let b = tensor::<B, 2>(&random(&[self.d_out, self.rank], s + 4), dtype, device) * 0.1;
+        let magnitude = positive::<B>(self.d_out, s + 5, dtype, device);
+        let mask = (self.dropout > 0.0).then(|| DropoutMask::new(self.dropout, s));
+        let loss_seed = s + 6;
+        if kernel {
+            let base = Linear { weight: Param::from_tensor(w), bias: bias.map(Param::from_tensor) };
+            let adapter = LoraAdapter::new(a, b, &config).with_magnitude(magnitude);
+            let layer = LoraLinear::frozen(base).with_adapter(adapter);
+            let y = layer.forward_with_dropout(x.clone(), mask);
+            let grads = weighted(y.clone(), loss_seed, device).backward();
+            let adapter = layer.adapter.as_ref().unwrap();
+            let param_grad = |p: &Param<Tensor<B, 2>>| values(p.grad(&grads).expect("adapter gradient"));
+            let dm = values(adapter.magnitude.as_ref().unwrap().grad(&grads).expect("magnitude gradient"));
+            return vec![("y", values(y)), ("dx", grad(&x, &grads)), ("da", param_grad(&adapter.lora_a)), ("db", param_grad(&adapter.lora_b)), ("dm", dm)];
+        }
+        let (a, b, magnitude) = (a.require_grad(), b.require_grad(), magnitude.require_grad());
+        let delta = a.clone().transpose().matmul(b.clone().transpose()) * config.scale();
+        let norm = (w.clone() + delta.clone()).square().sum_dim(0).sqrt().detach();
+        let c = (magnitude.clone().unsqueeze::<2>() / norm).unsqueeze::<3>();
+        let x_dropped = match mask {
+            Some(mask) => dropped(x.clone(), mask),
+            None => x.clone(),
+        };
+        let mut y = x.clone().matmul(w.clone().unsqueeze()) + (c.clone() - 1.0) * x_dropped.clone().matmul(w.unsqueeze()) + c * x_dropped.matmul(delta.unsqueeze());
+        if let Some(bias) = bias {
+            y = y + bias.unsqueeze::<3>();
+        }
+        let grads = weighted(y.clone(), loss_seed, device).backward();
+        vec![("y", values(y)), ("dx", grad(&x, &grads)), ("da", grad(&a, &grads)), ("db", grad(&b, &grads)), ("dm", grad(&magnitude, &grads))]
+    }
+
+    fn depth(&self) -> f64 {
+        self.d_in.max(self.d_out).max(self.batch * self.m) as f64
+    }
+
+    fn footprint(&self) -> usize {
+        self.batch * self.m * (2 * self.d_in + 3 * self.d_out) + self.d_in * self.d_out * 2
+    }
+}
