@@ -42,13 +42,12 @@ fn dora_runs_through_autodiff_ndarray() {
     assert_cases::<Autodiff<NdArray>, _>(&op_cases(), &Default::default(), &[DType::F32]);
 }
 
-/// On lavapipe each product shape is autotuned: wgpu checks two layers (bias + rsLoRA, dropout).
+/// On lavapipe each product shape is autotuned (minutes a layer): wgpu checks the layer with a
+/// bias and dropout; the op's own cases cover f16, NdArray every layer case.
 #[test]
 fn dora_layer_matches_peft_formula_on_wgpu() {
     let Some(device) = common::wgpu_device() else { return };
-    let cases = layer_cases();
-    assert_cases::<Autodiff<burn::backend::Wgpu>, _>(&[cases[1], cases[3]], &device, &[DType::F32]);
-    assert_cases::<Autodiff<burn::backend::Wgpu>, _>(&[cases[1]], &device, &[DType::F16]);
+    assert_cases::<Autodiff<burn::backend::Wgpu>, _>(&[layer_cases()[3]], &device, &[DType::F32]);
 }
 
 #[test]
