@@ -37,28 +37,12 @@ struct Args {
     dtype: String,
 }
 
-fn shape(name: &str) -> Option<DecoderConfig> {
-    Some(match name {
-        "qwen2.5-0.5b" => DecoderConfig::new(151_936, 896, 4864, 24, 14, 2, 64)
-            .with_rope_theta(1e6)
-            .with_qkv_bias(true)
-            .with_tie_embeddings(true)
-            .with_rms_norm_eps(1e-6),
-        "llama3.2-1b" => DecoderConfig::new(128_256, 2048, 8192, 16, 32, 8, 64)
-            .with_rope_theta(500_000.0)
-            .with_tie_embeddings(true)
-            .with_rms_norm_eps(1e-5),
-        "tiny" => DecoderConfig::new(512, 64, 128, 2, 4, 2, 16),
-        _ => return None,
-    })
-}
-
 impl OnBackend for Args {
     type Output = ();
 
     fn run<B: KilnBackend>(self, device: B::Device, name: &str) {
         let dtype = if self.dtype == "f32" { FloatDType::F32 } else { FloatDType::BF16 };
-        let config = shape(&self.shape).unwrap_or_else(|| panic!("unknown shape {}", self.shape)).with_max_positions(self.context + self.new);
+        let config = DecoderConfig::preset(&self.shape).unwrap_or_else(|| panic!("unknown shape {}", self.shape)).with_max_positions(self.context + self.new);
         let model = build::<B, _, _>(&config, &mut RandomInit { std: 0.02, dtype }, &device, |_, l| l).expect("random init");
         println!("decode_bench {} on {name}: {} parameters, {:?}, context {}, new {}", self.shape, config.num_params(), dtype, self.context, self.new);
         let prompt: Vec<u32> = (0..self.context).map(|i| ((i * 7919 + 13) % config.vocab_size) as u32).collect();

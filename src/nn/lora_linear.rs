@@ -99,6 +99,19 @@ impl<B: Backend> LoraAdapter<B> {
         Self { magnitude: Some(Param::from_tensor(magnitude.detach())), config: LoraConfig { dora: true, ..self.config }, ..self }
     }
 
+    /// The adapter's parameters in `dtype` (the model's: the LoRA product takes `x`, the base
+    /// output and the adapter in one dtype), still trainable where they were.
+    pub fn cast(self, dtype: FloatDType) -> Self {
+        fn to<B: Backend, const D: usize>(p: Param<Tensor<B, D>>, dtype: FloatDType) -> Param<Tensor<B, D>> {
+            p.map(|t| {
+                let tracked = t.is_require_grad();
+                let t = t.detach().cast(dtype);
+                if tracked { t.require_grad() } else { t }
+            })
+        }
+        Self { lora_a: to(self.lora_a, dtype), lora_b: to(self.lora_b, dtype), magnitude: self.magnitude.map(|m| to(m, dtype)), ..self }
+    }
+
     pub fn rank(&self) -> usize {
         self.lora_a.shape()[0]
     }

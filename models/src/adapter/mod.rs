@@ -12,6 +12,7 @@
 pub mod peft;
 
 use burn::module::Module;
+use burn::tensor::FloatDType;
 use burn::tensor::backend::Backend;
 use kiln::nn::{LinearLayer, LoraConfig, LoraLinear};
 
@@ -57,14 +58,15 @@ impl Targets {
     }
 }
 
-/// The decoder with every parameter frozen and a fresh adapter (`config`) on each targeted
-/// linear: the model a LoRA fine-tune trains (only the adapters take gradients).
+/// The decoder with every parameter frozen and a fresh adapter (`config`, in the model's dtype)
+/// on each targeted linear: the model a LoRA fine-tune trains (only the adapters take gradients).
 pub fn add_lora<B: Backend, L: LinearLayer<B>>(decoder: Decoder<B, L>, config: &LoraConfig, targets: &Targets) -> LoraDecoder<B, L> {
     let device = decoder.embed_tokens.weight.device();
+    let dtype = FloatDType::from(decoder.dtype());
     decoder.no_grad().map_linears(|name, base| {
         let layer = LoraLinear::frozen(base);
         if targets.matches(name) {
-            let adapter = config.init_adapter(layer.base.d_input(), layer.base.d_output(), &device);
+            let adapter = config.init_adapter(layer.base.d_input(), layer.base.d_output(), &device).cast(dtype);
             layer.with_adapter(adapter)
         } else {
             layer

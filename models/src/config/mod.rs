@@ -60,6 +60,25 @@ pub struct DecoderConfig {
 }
 
 impl DecoderConfig {
+    /// The shape of a public checkpoint, for benches that run random weights at a real size:
+    /// `qwen2.5-0.5b`, `llama3.2-1b` (without its llama3 RoPE scaling, which costs nothing), or
+    /// `tiny` for CPU smoke runs.
+    pub fn preset(name: &str) -> Option<Self> {
+        Some(match name {
+            "qwen2.5-0.5b" => Self::new(151_936, 896, 4864, 24, 14, 2, 64)
+                .with_rope_theta(1e6)
+                .with_qkv_bias(true)
+                .with_tie_embeddings(true)
+                .with_rms_norm_eps(1e-6),
+            "llama3.2-1b" => Self::new(128_256, 2048, 8192, 16, 32, 8, 64)
+                .with_rope_theta(500_000.0)
+                .with_tie_embeddings(true)
+                .with_rms_norm_eps(1e-5),
+            "tiny" => Self::new(512, 64, 128, 2, 4, 2, 16),
+            _ => return None,
+        })
+    }
+
     /// The attention window of layer `index`, if it slides.
     pub fn window(&self, index: usize) -> Option<usize> {
         let slides = self.sliding_layers.as_ref().is_none_or(|l| l.get(index).copied().unwrap_or(false));

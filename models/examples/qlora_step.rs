@@ -1,0 +1,123 @@
+//! The QLoRA fine-tune's training step at a real checkpoint's shape, without the checkpoint: random
+//! weights of `--shape` (default Llama-3.2-1B) quantized to NF4 as `examples/qlora.rs` loads them
+//! (block 64, double quantization), LoRA on every attention and MLP linear, and full steps on a
+//! `[batch, seq]` token batch: forward, the f32 cross-entropy over every position, backward, AdamW
+//! on the adapters, the loss read back. Prints the median step time and tokens/s; the GPU check
+//! runs it next to `benches/peers/qlora_step.py` (transformers + bitsandbytes + PEFT), which also
+//! reads both processes' peak device memory.
+//!
+//! `cargo run --release -p kiln-models --features cuda --example qlora_step -- --batch 4 --seq 2048`
+//! (`--shape tiny --device cpu` for a smoke run).
+
+use std::time::Instant;
+
+use burn::backend::Autodiff;
+use burn::module::{AutodiffModule, Module};
+use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
+use burn::tensor::{ElementConversion, FloatDType, Int, Tensor, TensorData};
+use clap::Parser;
+use kiln::KilnBackend;
+use kiln::nn::{LinearLayer, LoraConfig};
+use kiln_models::adapter::{LoraDecoder, Targets, add_lora};
+use kiln_models::loader::RandomInit;
+use kiln_models::model::build::build;
+use kiln_models::runtime::{OnBackend, dispatch};
+use kiln_models::train::LmBatch;
+use kiln_models::{DecoderConfig, Nf4Maker, build_with};
+
+#[derive(Parser, Debug, Clone)]
+struct Args {
+    /// qwen2.5-0.5b, llama3.2-1b or tiny.
+    #[arg(long, default_value = "llama3.2-1b")]
+    shape: String,
+    #[arg(long, default_value_t = 4)]
+    batch: usize,
+    #[arg(long, default_value_t = 2048)]
+    seq: usize,
+    #[arg(long, default_value_t = 16)]
+    rank: usize,
+    #[arg(long, default_value_t = 32.0)]
+    alpha: f64,
+    /// Untimed steps first (kernel compilation, autotuning, memory pools).
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    /// Timed steps.
+    #[arg(long, default_value_t = 6)]
+    steps: usize,
+    /// Keep the base in bf16 (LoRA) instead of NF4 (QLoRA).
+    #[arg(long)]
+    float: bool,
+    /// auto, cuda, wgpu or cpu.
+    #[arg(long, default_value = "auto")]
+    device: String,
+}
+
+impl OnBackend for Args {
+    type Output = ();
+
+    fn run<B: KilnBackend>(self, device: B::Device, name: &str) {
+        let Some(config) = DecoderConfig::preset(&self.shape) else {
+            eprintln!("qlora_step: unknown --shape {} (qwen2.5-0.5b, llama3.2-1b, tiny)", self.shape);
+            std::process::exit(2);
+        };
+        let config = config.with_max_positions(self.seq);
+        let mut weights = RandomInit { std: 0.02, dtype: FloatDType::BF16 };
+        let lora = LoraConfig::new().with_rank(self.rank).with_alpha(self.alpha);
+        let base = if self.float { "bf16" } else { "NF4 (block 64, double quantization)" };
+        println!("qlora_step {} on {name}: {} base, LoRA r {} alpha {} on all linears, batch {} x {}", self.shape, base, self.rank, self.alpha, self.batch, self.seq);
+        let result = if self.float {
+            build::<Autodiff<B>, _, _>(&config, &mut weights, &device, |_, l| l).map(|m| steps(&self, add_lora(m, &lora, &Targets::AllLinear), &device))
+        } else {
+            build_with::<Autodiff<B>, _, _>(&config, &mut weights, &device, &mut Nf4Maker::default()).map(|m| steps(&self, add_lora(m, &lora, &Targets::AllLinear), &device))
+        };
+        if let Err(e) = result {
+            eprintln!("qlora_step: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// `args.warmup` untimed and `args.steps` timed training steps; prints each timed step and the median.
+fn steps<B, L>(args: &Args, mut model: LoraDecoder<Autodiff<B>, L>, device: &B::Device)
+where
+    B: KilnBackend,
+    L: LinearLayer<Autodiff<B>> + AutodiffModule<Autodiff<B>> + 'static,
+{
+    let trainable: usize = model.linears().iter().filter_map(|(_, l)| l.adapter.as_ref()).map(|a| a.num_params()).sum();
+    println!("model: {} parameters, {trainable} trainable", model.num_params());
+    let batch = token_batch::<Autodiff<B>>(args.batch, args.seq, model.config.vocab_size, device);
+    let mut optim = AdamWConfig::new().with_weight_decay(0.0).init::<Autodiff<B>, LoraDecoder<Autodiff<B>, L>>();
+    let mut times = Vec::with_capacity(args.steps);
+    for step in 0..args.warmup + args.steps {
+        let start = Instant::now();
+        let loss = model.lm_loss(batch.clone()).loss;
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = optim.step(1e-4, model, grads);
+        let value = loss.into_scalar().elem::<f64>();
+        let seconds = start.elapsed().as_secs_f64();
+        if step >= args.warmup {
+            println!("step {}: {:.2} ms, loss {value:.4}", step - args.warmup, seconds * 1e3);
+            times.push(seconds);
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    if let Some(&median) = times.get(times.len() / 2) {
+        let tokens = (args.batch * args.seq) as f64;
+        println!("kiln qlora_step median {:.2} ms, {:.0} tokens/s", median * 1e3, tokens / median);
+    }
+}
+
+/// Inputs from a fixed pseudo-random sequence, each target the next input (as a causal LM trains).
+fn token_batch<B: KilnBackend>(batch: usize, seq: usize, vocab: usize, device: &B::Device) -> LmBatch<B> {
+    let ids: Vec<i64> = (0..batch * (seq + 1)).map(|i| ((i * 7919 + 13) % vocab) as i64).collect();
+    let all = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [batch, seq + 1]), device);
+    LmBatch { inputs: all.clone().narrow(1, 0, seq), targets: all.narrow(1, 1, seq), mask: None }
+}
+
+fn main() {
+    let args = Args::parse();
+    if let Err(message) = dispatch(&args.device.clone(), args) {
+        eprintln!("qlora_step: {message}");
+        std::process::exit(2);
+    }
+}
