@@ -31,9 +31,13 @@ SHAPE = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hi
 
 
 def used_mib():
-    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
-                         capture_output=True, text=True, check=True).stdout
-    return int(out.split()[0])
+    """Device 0's used memory in MiB, or 0 where nvidia-smi cannot tell."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+                             capture_output=True, text=True, check=True).stdout
+        return int(out.split()[0])
+    except (OSError, subprocess.CalledProcessError, ValueError, IndexError):
+        return 0
 
 
 def run_with_peak(cmd, label):

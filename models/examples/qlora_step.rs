@@ -7,7 +7,7 @@
 //! reads both processes' peak device memory.
 //!
 //! `cargo run --release -p kiln-models --features cuda --example qlora_step -- --batch 4 --seq 2048`
-//! (`--shape tiny --device cpu` for a smoke run).
+//! (`--shape tiny --device cpu --dtype f32` for a smoke run).
 
 use std::time::Instant;
 
@@ -44,9 +44,12 @@ struct Args {
     /// Timed steps.
     #[arg(long, default_value_t = 6)]
     steps: usize,
-    /// Keep the base in bf16 (LoRA) instead of NF4 (QLoRA).
+    /// Keep the base in float (LoRA) instead of NF4 (QLoRA).
     #[arg(long)]
     float: bool,
+    /// bf16 (default) or f32 (the CPU backend has no bf16).
+    #[arg(long, default_value = "bf16")]
+    dtype: String,
     /// auto, cuda, wgpu or cpu.
     #[arg(long, default_value = "auto")]
     device: String,
@@ -61,10 +64,11 @@ impl OnBackend for Args {
             std::process::exit(2);
         };
         let config = config.with_max_positions(self.seq);
-        let mut weights = RandomInit { std: 0.02, dtype: FloatDType::BF16 };
+        let dtype = if self.dtype == "f32" { FloatDType::F32 } else { FloatDType::BF16 };
+        let mut weights = RandomInit { std: 0.02, dtype };
         let lora = LoraConfig::new().with_rank(self.rank).with_alpha(self.alpha);
-        let base = if self.float { "bf16" } else { "NF4 (block 64, double quantization)" };
-        println!("qlora_step {} on {name}: {} base, LoRA r {} alpha {} on all linears, batch {} x {}", self.shape, base, self.rank, self.alpha, self.batch, self.seq);
+        let base = if self.float { "float" } else { "NF4 (block 64, double quantization)" };
+        println!("qlora_step {} on {name}, {dtype:?}: {} base, LoRA r {} alpha {} on all linears, batch {} x {}", self.shape, base, self.rank, self.alpha, self.batch, self.seq);
         let result = if self.float {
             build::<Autodiff<B>, _, _>(&config, &mut weights, &device, |_, l| l).map(|m| steps(&self, add_lora(m, &lora, &Targets::AllLinear), &device))
         } else {
@@ -82,6 +86,7 @@ fn steps<B, L>(args: &Args, mut model: LoraDecoder<Autodiff<B>, L>, device: &B::
 where
     B: KilnBackend,
     L: LinearLayer<Autodiff<B>> + AutodiffModule<Autodiff<B>> + 'static,
+    L::InnerModule: LinearLayer<B>,
 {
     let trainable: usize = model.linears().iter().filter_map(|(_, l)| l.adapter.as_ref()).map(|a| a.num_params()).sum();
     println!("model: {} parameters, {trainable} trainable", model.num_params());
