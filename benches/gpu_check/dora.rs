@@ -76,5 +76,36 @@ pub fn bench_steps(device: &CudaDevice) {
             ms(qbase),
             ms(qdora)
         );
+        parts(&linear, &x, &dy, device);
     }
+}
+
+/// Where a DoRA step's time goes, at one shape: the forward alone (LoRA and DoRA layers), the
+/// factored norm alone, and the rescaling op alone (forward + backward of `u` and `m`).
+fn parts(linear: &Linear<Ad>, x: &Tensor<Ad, 2>, dy: &Tensor<Ad, 2>, device: &CudaDevice) {
+    let (d_in, d_out) = (linear.d_input(), linear.d_output());
+    let (lora, dora) = (adapted(linear.clone(), false, 0.0, device), adapted(linear.clone(), true, 0.0, device));
+    let forward = |layer: &LoraLinear<Ad, Linear<Ad>>| super::time_adaptive(device, 0.3, 100, || layer.forward(x.clone().detach()));
+    let (lora_fwd, dora_fwd) = (forward(&lora), forward(&dora));
+    let adapter = dora.adapter.as_ref().unwrap();
+    let norms_sq = dora.base_norms_sq.clone().unwrap();
+    let norm = super::time_adaptive(device, 0.3, 100, || {
+        let a = adapter.lora_a.val().detach();
+        kiln::ops::dora_norm(norms_sq.clone(), linear.forward(a.clone()), a, adapter.lora_b.val(), adapter.scale())
+    });
+    let u = bf16([TOKENS, d_out], 1.0, device).require_grad();
+    let m = Tensor::<Ad, 1>::random([d_out], Distribution::Uniform(0.5, 1.5), device).cast(DType::BF16).require_grad();
+    let n = Tensor::<Ad, 1>::random([d_out], Distribution::Uniform(0.5, 1.5), device);
+    let op = super::time_adaptive(device, 0.3, 100, || {
+        let grads = (kiln::ops::dora(u.clone(), m.clone(), n.clone(), None) * dy.clone()).sum().backward();
+        (u.grad(&grads).unwrap(), m.grad(&grads).unwrap())
+    });
+    let ms = |t: f64| t * 1e3;
+    println!(
+        "bench dora parts t{TOKENS} k{d_in} n{d_out}: forward lora {:.3} ms, dora {:.3} ms; norm alone {:.3} ms; rescale op fwd+bwd {:.3} ms",
+        ms(lora_fwd),
+        ms(dora_fwd),
+        ms(norm),
+        ms(op)
+    );
 }

@@ -105,7 +105,8 @@ impl<B: Backend> LoraAdapter<B> {
         fn to<B: Backend, const D: usize>(p: Param<Tensor<B, D>>, dtype: FloatDType) -> Param<Tensor<B, D>> {
             p.map(|t| {
                 let tracked = t.is_require_grad();
-                let t = t.detach().cast(dtype);
+                // Detached after the cast: a tracked parameter must be a leaf.
+                let t = t.cast(dtype).detach();
                 if tracked { t.require_grad() } else { t }
             })
         }
