@@ -18,7 +18,8 @@ fn cases() -> Vec<AttentionCase> {
         AttentionCase { options: causal, ..AttentionCase::new(1, 4, 1, 63, 63, 80) },
         AttentionCase::new(1, 8, 1, 65, 65, 96),
         AttentionCase { options: causal, ..AttentionCase::new(1, 2, 2, 257, 257, 128) },
-        AttentionCase { options: causal.with_window(100), ..AttentionCase::new(1, 2, 1, 1000, 1000, 64) },
+        // A window much shorter than the sequence: whole key blocks fall outside it.
+        AttentionCase { options: causal.with_window(40), ..AttentionCase::new(1, 2, 1, 320, 320, 64) },
         // Decoding over a cache: one token, then a short chunk (bottom-right causal).
         AttentionCase { options: causal, ..AttentionCase::new(2, 8, 2, 1, 300, 128) },
         AttentionCase { options: causal.with_window(8).with_softcap(30.0), bias: true, ..AttentionCase::new(1, 4, 2, 5, 40, 64) },
