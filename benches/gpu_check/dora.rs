@@ -3,21 +3,14 @@
 //! its LoRA step; PEFT's DoRA (which forms `B·A` and the whole weight's norm every step) runs the
 //! same steps in `peers/dora.py` in the same call.
 
-use burn::backend::{Autodiff, cuda::CudaDevice};
+use burn::backend::cuda::CudaDevice;
 use burn::module::Param;
 use burn::tensor::{DType, Distribution, Tensor};
-use kiln::nn::{Linear, LinearLayer, LoraAdapter, LoraConfig, LoraLinear, Nf4Linear};
+use kiln::nn::{Linear, LinearLayer, LoraLinear, Nf4Linear};
 use kiln::ops::nf4::QuantType;
 
-use super::B;
 use super::common::adapters::{DoraCase, DoraLayerCase};
-
-type Ad = Autodiff<B>;
-
-/// `(d_in, d_out)` of the Llama-7B projections the steps run at.
-const STEPS: [(usize, usize); 2] = [(4096, 4096), (4096, 11008)];
-const TOKENS: usize = 4096;
-const RANK: usize = 16;
+use super::lora::{Ad, RANK, STEPS, TOKENS, adapter, bf16, step};
 
 pub fn op_cases() -> Vec<DoraCase> {
     let case = |batch, m, d_out, bias, seed| DoraCase { batch, m, d_out, bias, seed };
@@ -29,26 +22,12 @@ pub fn layer_cases() -> Vec<DoraLayerCase> {
     vec![case(1, 512, 4096, 1024, 16, false, false, 0.0, 1), case(2, 33, 1000, 257, 8, true, true, 0.1, 2), case(1, 64, 520, 96, 64, false, false, 0.0, 3)]
 }
 
-fn bf16(shape: [usize; 2], std: f64, device: &CudaDevice) -> Tensor<Ad, 2> {
-    Tensor::<Ad, 2>::random(shape, Distribution::Normal(0.0, std), device).cast(DType::BF16)
-}
-
 /// A bf16 adapter with random `A` and `B` (a trained adapter's work), DoRA when `dora`.
 fn adapted<L: LinearLayer<Ad>>(base: L, dora: bool, dropout: f64, device: &CudaDevice) -> LoraLinear<Ad, L> {
-    let (d_in, d_out) = (base.d_input(), base.d_output());
-    let config = LoraConfig::new().with_rank(RANK).with_alpha(2.0 * RANK as f64).with_dropout(dropout).with_dora(dora);
-    let adapter = LoraAdapter::new(bf16([RANK, d_in], 0.02, device), bf16([d_out, RANK], 0.02, device), &config);
+    let d_out = base.d_output();
+    let adapter = adapter(base.d_input(), d_out, dropout, device);
     let adapter = if dora { adapter.with_magnitude(Tensor::<Ad, 1>::random([d_out], Distribution::Uniform(0.5, 1.5), device).cast(DType::BF16)) } else { adapter };
     LoraLinear::frozen(base).with_adapter(adapter)
-}
-
-/// Seconds per training step of `layer` on `x`: forward, backward from `dy`, `x`'s gradient read.
-fn step<L: LinearLayer<Ad>>(layer: &L, x: &Tensor<Ad, 2>, dy: &Tensor<Ad, 2>, device: &CudaDevice) -> f64 {
-    super::time_adaptive(device, 0.3, 100, || {
-        let y = layer.forward(x.clone());
-        let grads = (y * dy.clone()).sum().backward();
-        x.grad(&grads).unwrap()
-    })
 }
 
 /// DoRA steps (bf16 float base, rank 16; with dropout 0.1; on an NF4 base) next to the base alone

@@ -11,12 +11,12 @@ use kiln::ops::nf4::QuantType;
 use super::common::adapters::LoraCase;
 use super::B;
 
-type Ad = Autodiff<B>;
+pub(super) type Ad = Autodiff<B>;
 
 /// `(d_in, d_out)` of the Llama-7B projections the steps run at.
-const STEPS: [(usize, usize); 2] = [(4096, 4096), (4096, 11008)];
-const TOKENS: usize = 4096;
-const RANK: usize = 16;
+pub(super) const STEPS: [(usize, usize); 2] = [(4096, 4096), (4096, 11008)];
+pub(super) const TOKENS: usize = 4096;
+pub(super) const RANK: usize = 16;
 
 pub fn parity_cases() -> Vec<LoraCase> {
     let case = |batch, m, d_in, d_out, rank, dropout, seed| LoraCase { batch, m, d_in, d_out, rank, scale: 2.0, dropout, seed };
@@ -29,19 +29,19 @@ pub fn parity_cases() -> Vec<LoraCase> {
     ]
 }
 
-fn bf16(shape: [usize; 2], std: f64, device: &CudaDevice) -> Tensor<Ad, 2> {
+pub(super) fn bf16(shape: [usize; 2], std: f64, device: &CudaDevice) -> Tensor<Ad, 2> {
     Tensor::<Ad, 2>::random(shape, Distribution::Normal(0.0, std), device).cast(DType::BF16)
 }
 
 /// A bf16 adapter with random `A` and `B` (a trained adapter's work; `B = 0` changes no cost).
-fn adapter(d_in: usize, d_out: usize, dropout: f64, device: &CudaDevice) -> LoraAdapter<Ad> {
+pub(super) fn adapter(d_in: usize, d_out: usize, dropout: f64, device: &CudaDevice) -> LoraAdapter<Ad> {
     let config = LoraConfig::new().with_rank(RANK).with_alpha(2.0 * RANK as f64).with_dropout(dropout);
     LoraAdapter::new(bf16([RANK, d_in], 0.02, device), bf16([d_out, RANK], 0.02, device), &config)
 }
 
 /// Seconds per training step of `layer` on `x`: forward, backward from `dy`, gradients of `x` and
 /// of every trainable parameter read.
-fn step<L: LinearLayer<Ad>>(layer: &L, x: &Tensor<Ad, 2>, dy: &Tensor<Ad, 2>, device: &CudaDevice) -> f64 {
+pub(super) fn step<L: LinearLayer<Ad>>(layer: &L, x: &Tensor<Ad, 2>, dy: &Tensor<Ad, 2>, device: &CudaDevice) -> f64 {
     super::time_adaptive(device, 0.3, 100, || {
         let y = layer.forward(x.clone());
         let grads = (y * dy.clone()).sum().backward();

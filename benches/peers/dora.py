@@ -6,15 +6,9 @@ bitsandbytes NF4 base (QDoRA), next to the base alone and the LoRA step, 4096 to
 import os, sys
 
 import torch
-from peft import LoraConfig, get_peft_model
 
 sys.path.insert(0, os.path.dirname(__file__))
-from lora import One, linear, nf4, step_seconds, STEPS, TOKENS, RANK, bf  # noqa: E402
-
-
-def adapted(base, dora, dropout=0.0):
-    config = LoraConfig(r=RANK, lora_alpha=2 * RANK, lora_dropout=dropout, target_modules=["proj"], init_lora_weights=False, use_dora=dora)
-    return get_peft_model(One(base), config, autocast_adapter_dtype=False)
+from lora import One, adapted, linear, nf4, step_seconds, STEPS, TOKENS, RANK, bf  # noqa: E402
 
 
 def main():
@@ -23,11 +17,11 @@ def main():
         dy = torch.randn(TOKENS, n, device="cuda", dtype=bf)
         base = linear(k, n)
         t_base = step_seconds(One(base), x, dy)
-        t_lora = step_seconds(adapted(linear(k, n), False), x, dy)
-        t_dora = step_seconds(adapted(linear(k, n), True), x, dy)
-        t_drop = step_seconds(adapted(linear(k, n), True, dropout=0.1), x, dy)
+        t_lora = step_seconds(adapted(linear(k, n)), x, dy)
+        t_dora = step_seconds(adapted(linear(k, n), dora=True), x, dy)
+        t_drop = step_seconds(adapted(linear(k, n), dropout=0.1, dora=True), x, dy)
         t_qbase = step_seconds(One(nf4(k, n, base.weight)), x, dy)
-        t_qdora = step_seconds(adapted(nf4(k, n, base.weight), True), x, dy)
+        t_qdora = step_seconds(adapted(nf4(k, n, base.weight), dora=True), x, dy)
         print(f"peer dora step t{TOKENS} k{k} n{n} r{RANK} bf16: peft base {t_base * 1e3:.3f} ms, lora {t_lora * 1e3:.3f} ms, "
               f"dora {t_dora * 1e3:.3f} ms (+{(t_dora - t_lora) * 1e3:.3f} over lora), dora+dropout0.1 {t_drop * 1e3:.3f} ms | "
               f"bnb nf4 base {t_qbase * 1e3:.3f} ms, qdora {t_qdora * 1e3:.3f} ms", flush=True)

@@ -38,8 +38,8 @@ def nf4(k, n, weight):
     return layer.cuda()
 
 
-def adapted(base, dropout=0.0, fp32=False):
-    config = LoraConfig(r=RANK, lora_alpha=2 * RANK, lora_dropout=dropout, target_modules=["proj"], init_lora_weights=False)
+def adapted(base, dropout=0.0, fp32=False, dora=False):
+    config = LoraConfig(r=RANK, lora_alpha=2 * RANK, lora_dropout=dropout, target_modules=["proj"], init_lora_weights=False, use_dora=dora)
     return get_peft_model(One(base), config, autocast_adapter_dtype=fp32)
 
 
