@@ -23,6 +23,7 @@ pub mod rope;
 pub mod row;
 pub mod stream_handshake;
 pub mod swiglu;
+pub mod trit;
 
 pub use cubecl;
 

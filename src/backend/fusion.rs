@@ -96,6 +96,26 @@ pub(crate) fn register_mixed<B: FusionBackend, O: FusedMixedOp<B>>(
     op: O,
 ) -> Vec<FusionTensor<B::FusionRuntime>> {
     let client = inputs[0].client.clone();
+    register_on(name, client, inputs, outputs, op)
+}
+
+/// [`register_mixed`] for an op without inputs (a generator) on `device`.
+pub(crate) fn register_source<B: FusionBackend, O: FusedMixedOp<B>>(
+    name: &'static str,
+    device: &B::Device,
+    outputs: Vec<(Shape, DType)>,
+    op: O,
+) -> Vec<FusionTensor<B::FusionRuntime>> {
+    register_on(name, burn_fusion::get_client::<B>(device), Vec::new(), outputs, op)
+}
+
+fn register_on<B: FusionBackend, O: FusedMixedOp<B>>(
+    name: &'static str,
+    client: burn_fusion::Client<B::FusionRuntime>,
+    inputs: Vec<FusionTensor<B::FusionRuntime>>,
+    outputs: Vec<(Shape, DType)>,
+    op: O,
+) -> Vec<FusionTensor<B::FusionRuntime>> {
     let streams = OperationStreams::with_inputs(inputs.iter());
     let outputs: Vec<TensorIr> = outputs
         .into_iter()

@@ -7,17 +7,17 @@ pub(crate) mod fusion;
 
 use crate::ops::{
     flash_attention::FlashAttentionBackend, matmul::MatmulBackend, rms_norm::RmsNormBackend, rms_norm_rope::RmsNormRopeBackend,
-    lora::LoraBackend, nf4::Nf4Backend, rope::RopeBackend, swiglu::SwiGluBackend,
+    lora::LoraBackend, nf4::Nf4Backend, rope::RopeBackend, swiglu::SwiGluBackend, trit::TritBackend,
 };
 
 /// Every kiln op. Implemented for each backend that implements every op family.
 pub trait KilnBackend:
-    RmsNormBackend + RopeBackend + RmsNormRopeBackend + SwiGluBackend + FlashAttentionBackend + MatmulBackend + Nf4Backend + LoraBackend
+    RmsNormBackend + RopeBackend + RmsNormRopeBackend + SwiGluBackend + FlashAttentionBackend + MatmulBackend + Nf4Backend + LoraBackend + TritBackend
 {
 }
 
 impl<B> KilnBackend for B where
-    B: RmsNormBackend + RopeBackend + RmsNormRopeBackend + SwiGluBackend + FlashAttentionBackend + MatmulBackend + Nf4Backend + LoraBackend
+    B: RmsNormBackend + RopeBackend + RmsNormRopeBackend + SwiGluBackend + FlashAttentionBackend + MatmulBackend + Nf4Backend + LoraBackend + TritBackend
 {
 }
 

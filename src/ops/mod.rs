@@ -10,6 +10,7 @@ pub mod rms_norm;
 pub mod rms_norm_rope;
 pub mod rope;
 pub mod swiglu;
+pub mod trit;
 
 pub use dora::{dora, dora_norm};
 pub use flash_attention::{AttentionOptions, flash_attention};
