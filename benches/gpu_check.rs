@@ -15,6 +15,10 @@ mod dora;
 mod lora;
 #[path = "gpu_check/nf4.rs"]
 mod nf4;
+#[path = "gpu_check/sketch.rs"]
+mod sketch;
+#[path = "gpu_check/trit.rs"]
+mod trit;
 
 use std::time::Instant;
 
@@ -564,6 +568,18 @@ fn main() {
     }
     if mode == "lora-bench" || mode == "bench" || mode == "all" {
         lora::bench_steps(&device);
+    }
+    if mode == "trit" || mode == "all" {
+        ok &= trit::parity(&device);
+    }
+    if mode == "trit" || mode == "trit-bench" || mode == "bench" || mode == "all" {
+        trit::bench(&device);
+    }
+    if mode == "sketch" || mode == "all" {
+        ok &= sketch::parity(&device);
+    }
+    if mode == "sketch" || mode == "sketch-bench" || mode == "bench" || mode == "all" {
+        sketch::bench(&device);
     }
     if mode == "nf4-gemv" {
         nf4::bench_gemv(&device);

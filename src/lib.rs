@@ -7,10 +7,12 @@
 //!   are), for `Autodiff<B, C>` with fused backward kernels, and for `NdArray` through the
 //!   reference implementations that are also the tests' oracle.
 //! - [`nn`]: Burn modules built on the ops.
+//! - [`optim`]: optimizers built on the ops (AdamW with sketched moments).
 
 pub mod backend;
 mod error;
 pub mod nn;
 pub mod ops;
+pub mod optim;
 
 pub use backend::{KilnAutodiffBackend, KilnBackend};

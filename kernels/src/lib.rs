@@ -21,6 +21,7 @@ pub mod rms_norm;
 pub mod rms_norm_rope;
 pub mod rope;
 pub mod row;
+pub mod sketch;
 pub mod stream_handshake;
 pub mod swiglu;
 pub mod trit;

@@ -8,18 +8,21 @@
 //!
 //! `cargo run --release -p kiln-models --example pretrain` picks CUDA (with `--features cuda`),
 //! else a wgpu GPU, else the CPU. `--scale 4` (or more) grows the model and data for a GPU.
+//! `--optimizer sketched-adamw --sketch-ratio 4` trains with AdamW's moments held in a ternary
+//! sketch (`kiln::optim::SketchedAdamW`) and prints the state memory it saves.
 
 use std::sync::Arc;
 
-use burn::data::dataloader::{DataLoaderBuilder, batcher::Batcher};
+use burn::data::dataloader::{DataLoader, DataLoaderBuilder, batcher::Batcher};
 use burn::data::dataset::Dataset;
 use burn::backend::Autodiff;
-use burn::module::AutodiffModule;
-use burn::optim::AdamWConfig;
+use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
+use burn::optim::{AdamWConfig, Optimizer};
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData, backend::Backend};
 use burn::train::{Learner, SupervisedTraining, metric::LossMetric};
 use clap::Parser;
 use kiln::KilnBackend;
+use kiln::optim::{SketchedAdamW, SketchedAdamWConfig};
 use kiln_models::generation::collect_tokens;
 use kiln_models::runtime::{OnBackend, dispatch};
 use kiln_models::train::{LmBatch, renderer};
@@ -37,6 +40,12 @@ struct Args {
     device: String,
     #[arg(long, default_value = "target/kiln-pretrain")]
     dir: String,
+    /// adamw, or sketched-adamw (AdamW's moments in a ternary sketch, `kiln::optim`).
+    #[arg(long, default_value = "adamw")]
+    optimizer: String,
+    /// Gradient values per sketched value (sketched-adamw).
+    #[arg(long, default_value_t = 4)]
+    sketch_ratio: usize,
 }
 
 const VOCAB: usize = 32;
@@ -108,19 +117,65 @@ fn train<B: kiln::KilnAutodiffBackend>(device: B::Device, args: &Args) {
     let probe_batch: LmBatch<B::InnerBackend> = NextToken.batch((0..64).filter_map(|i| probe.get(i)).collect(), &device);
     let loss_of = |m: &FloatDecoder<B::InnerBackend>| m.lm_loss(probe_batch.clone()).loss.into_scalar().elem::<f64>();
     let before = loss_of(&model.valid());
-    let optim = AdamWConfig::new().with_weight_decay(0.0).init::<B, FloatDecoder<B>>();
-    let mut training = SupervisedTraining::new(&args.dir, train_loader as Arc<_>, valid_loader as Arc<_>)
-        .metrics((LossMetric::new(),))
-        .num_epochs(args.epochs);
+    let model = match args.optimizer.as_str() {
+        "adamw" => fit(args, model, AdamWConfig::new().with_weight_decay(0.0).init::<B, FloatDecoder<B>>(), train_loader, valid_loader),
+        "sketched-adamw" => {
+            let config = SketchedAdamWConfig::new().with_ratio(args.sketch_ratio).with_weight_decay(0.0);
+            report_state_memory(&model, &config.build());
+            fit(args, model, config.init::<B, FloatDecoder<B>>(), train_loader, valid_loader)
+        }
+        other => {
+            eprintln!("kiln: unknown --optimizer {other} (adamw or sketched-adamw)");
+            std::process::exit(2);
+        }
+    };
+    let after = loss_of(&model);
+    println!("validation loss before training {before:.4}, after {after:.4} (uniform guess: {:.4}), optimizer {}", (VOCAB as f64).ln(), args.optimizer);
+    show_generation(&model, &probe);
+    println!("logs and metrics are in {}", args.dir);
+}
+
+/// Train with `optim` under Burn's `Learner`; the trained model, for inference.
+fn fit<B, O>(
+    args: &Args,
+    model: FloatDecoder<B>,
+    optim: O,
+    train: Arc<dyn DataLoader<B, LmBatch<B>>>,
+    valid: Arc<dyn DataLoader<B::InnerBackend, LmBatch<B::InnerBackend>>>,
+) -> FloatDecoder<B::InnerBackend>
+where
+    B: kiln::KilnAutodiffBackend,
+    O: Optimizer<FloatDecoder<B>, B> + 'static,
+{
+    let mut training = SupervisedTraining::new(&args.dir, train, valid).metrics((LossMetric::new(),)).num_epochs(args.epochs);
     if let Some(lines) = renderer(100) {
         training = training.renderer(lines);
     }
-    let result = training.launch(Learner::new(model, optim, 3e-3));
-    let model = result.model;
-    let after = loss_of(&model);
-    println!("validation loss before training {before:.4}, after {after:.4} (uniform guess: {:.4})", (VOCAB as f64).ln());
-    show_generation(&model, &probe);
-    println!("logs and metrics are in {}", args.dir);
+    training.launch(Learner::new(model, optim, 3e-3)).model
+}
+
+/// The optimizer state's size with sketched moments next to AdamW's (8 bytes a parameter value).
+fn report_state_memory<B: kiln::KilnAutodiffBackend>(model: &FloatDecoder<B>, optim: &SketchedAdamW) {
+    let sizes = parameter_sizes(model);
+    let (sketched, full): (usize, usize) = (sizes.iter().map(|&n| optim.state_bytes(n)).sum(), sizes.iter().map(|n| 8 * n).sum());
+    println!(
+        "optimizer state: {sketched} bytes with sketched moments against AdamW's {full} ({:.2}x smaller, {} bytes saved)",
+        full as f64 / sketched as f64,
+        full - sketched
+    );
+}
+
+/// The number of values of each float parameter of a module.
+fn parameter_sizes<B: burn::tensor::backend::Backend, M: Module<B>>(module: &M) -> Vec<usize> {
+    struct Sizes(Vec<usize>);
+    impl<B: burn::tensor::backend::Backend> ModuleVisitor<B> for Sizes {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            self.0.push(param.shape().num_elements());
+        }
+    }
+    let mut sizes = Sizes(Vec::new());
+    module.visit(&mut sizes);
+    sizes.0
 }
 
 /// Greedy continuations of a few probe sequences' first 8 tokens, next to the rule's.

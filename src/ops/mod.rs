@@ -9,6 +9,7 @@ pub mod nf4;
 pub mod rms_norm;
 pub mod rms_norm_rope;
 pub mod rope;
+pub mod sketch;
 pub mod swiglu;
 pub mod trit;
 

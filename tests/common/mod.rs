@@ -7,6 +7,7 @@
 
 pub mod adapters;
 pub mod checks;
+pub mod trits;
 
 use burn::backend::{Autodiff, NdArray};
 use burn::tensor::{DType, Tensor, TensorData, backend::Backend};

@@ -178,26 +178,38 @@ fn bundle_sum_kernel(
     }
 }
 
-/// One unit per word pair: the sign of the chunks' sums of each trit (0 on a tie).
+/// Units per cube of the sign pass: 8 word pairs of 32 trits.
+const SIGN_UNITS: usize = 8 * TRITS_PER_WORD;
+
+/// One unit per trit: the sign of its sums over the chunks (0 on a tie), then one unit per word
+/// pair gathers its 32 signs into the planes through shared memory.
 #[cube(launch_unchecked)]
 fn bundle_sign_kernel(sums: &Array<i32>, out: &mut Array<u32>, pairs: usize, chunks: usize) {
-    let w = ABSOLUTE_POS;
-    if w >= pairs {
-        terminate!();
-    }
-    let mut plus = 0u32;
-    let mut minus = 0u32;
-    #[unroll]
-    for j in 0..TRITS_PER_WORD {
-        let mut total = 0i32;
+    let mut plus_bits = SharedMemory::<u32>::new(SIGN_UNITS);
+    let mut minus_bits = SharedMemory::<u32>::new(SIGN_UNITS);
+    let unit = UNIT_POS as usize;
+    let (w, j) = (CUBE_POS * comptime!(SIGN_UNITS / TRITS_PER_WORD) + unit / TRITS_PER_WORD, unit % TRITS_PER_WORD);
+    let valid = w < pairs;
+    let mut total = 0i32;
+    if valid {
         for chunk in 0..chunks {
             total += sums[(chunk * pairs + w) * TRITS_PER_WORD + j];
         }
-        plus |= select(total > 0, 1u32, 0u32) << j as u32;
-        minus |= select(total < 0, 1u32, 0u32) << j as u32;
     }
-    out[2 * w] = plus;
-    out[2 * w + 1] = minus;
+    plus_bits[unit] = select(total > 0, 1u32, 0u32) << j as u32;
+    minus_bits[unit] = select(total < 0, 1u32, 0u32) << j as u32;
+    sync_cube();
+    if valid && j == 0 {
+        let mut plus = 0u32;
+        let mut minus = 0u32;
+        #[unroll]
+        for t in 0..TRITS_PER_WORD {
+            plus |= plus_bits[unit + t];
+            minus |= minus_bits[unit + t];
+        }
+        out[2 * w] = plus;
+        out[2 * w + 1] = minus;
+    }
 }
 
 /// Pack `rows × len` integer trits (signs taken) into `rows × pairs` word pairs.
@@ -280,9 +292,9 @@ pub struct BundleArgs<R: Runtime> {
 impl<R: Runtime> BundleArgs<R> {
     /// Row chunks the first pass splits `rows` into (each unit sums one pair over one chunk).
     pub fn chunks(client: &ComputeClient<R>, rows: usize, pairs: usize) -> usize {
-        let units_wanted = 64 * client.properties().hardware.num_streaming_multiprocessors.unwrap_or(16) as usize * 32;
-        let by_units = units_wanted.div_ceil(pairs.max(1));
-        by_units.clamp(1, rows.div_ceil(16).max(1))
+        // About 2048 units a multiprocessor over the first pass, each summing at least 16 rows.
+        let units_wanted = 2048 * client.properties().hardware.num_streaming_multiprocessors.unwrap_or(16) as usize;
+        units_wanted.div_ceil(pairs.max(1)).clamp(1, rows.div_ceil(16).max(1))
     }
 }
 
@@ -298,7 +310,9 @@ pub fn launch_bundle<R: Runtime>(client: &ComputeClient<R>, rows: usize, pairs: 
     // SAFETY: units past `pairs` exit; chunk `c` reads rows `[c · rows_per_chunk, rows)` only and
     // writes its own `pairs × 32` sums.
     unsafe { bundle_sum_kernel::launch_unchecked::<R>(client, count, dim, args.words, args.weights, args.sums.0, rows, pairs, rows_per_chunk, args.weighted) }
-    let (count, dim) = elementwise_geometry(client, pairs);
-    // SAFETY: `sums` holds `chunks × pairs × 32` values, `out` `2 · pairs`; units past `pairs` exit.
+    let dim = CubeDim::new_1d(SIGN_UNITS as u32);
+    let count = cubecl::calculate_cube_count_elemwise(client, pairs * TRITS_PER_WORD, dim);
+    // SAFETY: `sums` holds `chunks × pairs × 32` values, `out` `2 · pairs`; units of pairs past
+    // `pairs` read nothing and write nothing (they only join the barrier).
     unsafe { bundle_sign_kernel::launch_unchecked::<R>(client, count, dim, args.sums.1, args.out, pairs, chunks) }
 }

@@ -36,6 +36,17 @@ fn vector_score<N: Size>(a: Vector<u32, N>, b: Vector<u32, N>, #[comptime] pairs
     s
 }
 
+/// The query row scored against memory row `row`: `wanted` (clamped to the last) for all pairs;
+/// for pairwise scores `row`, or 0 when there is one query row.
+#[cube]
+fn query_row(wanted: usize, query_rows: usize, row: usize, #[comptime] pairwise: bool) -> usize {
+    let mut q = wanted.min(query_rows - 1);
+    if comptime!(pairwise) {
+        q = select(query_rows == 1, 0, row);
+    }
+    q
+}
+
 /// Groups of `group` units per stored row, each unit striding over the row's vectors of words
 /// and scoring them against `tile` query rows at a time (the row's words stay in cache across
 /// tiles); the group's partial scores are summed through shared memory. All pairs: `scores[q][row]`
@@ -71,18 +82,26 @@ fn scores_kernel<N: Size>(
             acc[t] = 0;
         }
         if valid {
+            // Two vectors a step, both loads issued before either is used (more bytes in flight
+            // per unit), then the odd one out.
             let mut v = lane;
-            while v < vectors {
+            while v + group < vectors {
+                let (m0, m1) = (memory[row * vectors + v], memory[row * vectors + v + group]);
+                #[unroll]
+                for t in 0..tile {
+                    let q = query_row(pass * tile + t, query_rows, row, pairwise) * vectors;
+                    acc[t] += vector_score::<N>(m0, queries[q + v], pairs_per_vector, hamming)
+                        + vector_score::<N>(m1, queries[q + v + group], pairs_per_vector, hamming);
+                }
+                v += 2 * group;
+            }
+            if v < vectors {
                 let m = memory[row * vectors + v];
                 #[unroll]
                 for t in 0..tile {
-                    let mut q_row = (pass * tile + t).min(query_rows - 1);
-                    if comptime!(pairwise) {
-                        q_row = select(query_rows == 1, 0, row);
-                    }
-                    acc[t] += vector_score::<N>(m, queries[q_row * vectors + v], pairs_per_vector, hamming);
+                    let q = query_row(pass * tile + t, query_rows, row, pairwise) * vectors;
+                    acc[t] += vector_score::<N>(m, queries[q + v], pairs_per_vector, hamming);
                 }
-                v += group;
             }
         }
         #[unroll]
@@ -181,10 +200,14 @@ fn topk_kernel(
         #[unroll]
         for step in 0..comptime!(CUBE_UNITS.trailing_zeros() as usize) {
             let stride = comptime!(CUBE_UNITS >> (step + 1));
-            if unit < stride && ranks_before(best_keys[unit + stride], best_indices[unit + stride], best_keys[unit], best_indices[unit], smallest) {
-                best_keys[unit] = best_keys[unit + stride];
-                best_indices[unit] = best_indices[unit + stride];
-                best_slots[unit] = best_slots[unit + stride];
+            // Nested, not `&&`: CubeCL evaluates both operands, and the right one reads past
+            // the reduction's live half.
+            if unit < stride {
+                if ranks_before(best_keys[unit + stride], best_indices[unit + stride], best_keys[unit], best_indices[unit], smallest) {
+                    best_keys[unit] = best_keys[unit + stride];
+                    best_indices[unit] = best_indices[unit + stride];
+                    best_slots[unit] = best_slots[unit + stride];
+                }
             }
             sync_cube();
         }

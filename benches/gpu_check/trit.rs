@@ -1,0 +1,89 @@
+//! Packed trit vectors on the H100: every op against the host definition (integer equality, the
+//! CI tests' check), a search over a million stored vectors checked against the host, and the
+//! issue's table — similarity search of 1, 8 and 64 queries against 1M vectors of 10 000 trits,
+//! bind and bundle throughput — next to torch (int8 and bf16) in `peers/trit.py`, same call.
+
+use std::time::Instant;
+
+use burn::backend::cuda::CudaDevice;
+use kiln::ops::trit::{Metric, TritTensor, format};
+
+use super::common::trits::{check_ops, ints};
+use super::B;
+
+/// Stored vectors and their length for the search table.
+const STORED: usize = 1_000_000;
+const LEN: usize = 10_000;
+/// HBM3 nominal bandwidth of the H100 SXM, bytes per second.
+const HBM: f64 = 3.35e12;
+
+/// The CI tests' op check on CUDA, then search over 1M × 10 000 against the host for two queries.
+pub fn parity(device: &CudaDevice) -> bool {
+    let start = Instant::now();
+    let ops = std::panic::catch_unwind(|| {
+        check_ops::<B>(device, &[1, 31, 32, 33, 1000, 65_537, 1_000_003], 5);
+        check_ops::<B>(device, &[33, 10_000], 301);
+    });
+    println!("parity trit ops (lengths 1 … 1 000 003, 5 and 301 rows): {} ({:.1} s)", if ops.is_ok() { "ok" } else { "FAIL" }, start.elapsed().as_secs_f64());
+    let start = Instant::now();
+    let memory = TritTensor::<B>::random(STORED, LEN, 0.5, 5, device).unwrap();
+    let queries = TritTensor::<B>::random(2, LEN, 0.5, 6, device).unwrap();
+    let (hm, hq) = (memory.to_host(), queries.to_host());
+    let mut ok = ops.is_ok();
+    for metric in [Metric::Dot, Metric::Hamming] {
+        let k = 10;
+        let (scores, indices) = queries.search(&memory, metric, k);
+        let (scores, indices) = (ints(scores), ints(indices));
+        for (q, query) in hq.iter().enumerate() {
+            let best = format::search(query, &hm, metric, k);
+            let got: Vec<(usize, i64)> = (0..k).map(|j| (indices[q * k + j] as usize, scores[q * k + j])).collect();
+            let pass = got == best;
+            ok &= pass;
+            println!("parity trit search 1M × {LEN} {metric:?} top-{k} query {q}: {} (best {:?})", if pass { "ok" } else { "FAIL" }, &got[..3]);
+        }
+    }
+    println!("parity trit search: {:.1} s", start.elapsed().as_secs_f64());
+    ok
+}
+
+/// The search table: scores alone and search (scores + top-10) per call, for 1, 8 and 64 queries,
+/// with the packed bytes' rate; then bind and bundle throughput in trits per second.
+pub fn bench(device: &CudaDevice) {
+    let memory = TritTensor::<B>::random(STORED, LEN, 0.5, 5, device).unwrap();
+    let bytes = memory.bytes() as f64;
+    for q in [1, 8, 64] {
+        let queries = TritTensor::<B>::random(q, LEN, 0.5, 6, device).unwrap();
+        for metric in [Metric::Dot, Metric::Hamming] {
+            let scores = super::time_adaptive(device, 0.3, 200, || queries.similarity(&memory, metric));
+            let search = super::time_adaptive(device, 0.3, 200, || queries.search(&memory, metric, 10));
+            println!(
+                "bench trit {metric:?} {q:>2} queries vs {STORED} × {LEN}: scores {:8.3} ms ({:5.0} GB/s packed, {:4.1}% of HBM) | search top-10 {:8.3} ms ({:4.1}% of HBM)",
+                scores * 1e3,
+                bytes / scores / 1e9,
+                100.0 * bytes / scores / HBM,
+                search * 1e3,
+                100.0 * bytes / search / HBM
+            );
+        }
+    }
+    drop(memory);
+    let rows = 100_000;
+    let batch = TritTensor::<B>::random(rows, LEN, 0.5, 7, device).unwrap();
+    let key = TritTensor::<B>::random(1, LEN, 1.0, 8, device).unwrap();
+    let trits = (rows * LEN) as f64;
+    let bytes = batch.bytes() as f64;
+    let bind = super::time_adaptive(device, 0.3, 200, || batch.bind(&key));
+    let bundle = super::time_adaptive(device, 0.3, 200, || batch.bundle());
+    let permute = super::time_adaptive(device, 0.3, 200, || batch.permute(12_345));
+    println!(
+        "bench trit {rows} × {LEN}: bind with one key {:.3} ms ({:.2e} trits/s, {:.1}% of HBM read + write) | bundle {:.3} ms ({:.2e} trits/s, {:.1}% of HBM read) | permute {:.3} ms ({:.2e} trits/s)",
+        bind * 1e3,
+        trits / bind,
+        100.0 * 2.0 * bytes / bind / HBM,
+        bundle * 1e3,
+        trits / bundle,
+        100.0 * bytes / bundle / HBM,
+        permute * 1e3,
+        trits / permute
+    );
+}

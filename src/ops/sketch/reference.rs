@@ -1,0 +1,54 @@
+//! Sketches from plain Burn ops, for any backend: the index maps of the permutation built on the
+//! host (O(n) memory, which the kernels avoid), then gathers; bucket sums added in position
+//! order, as the host definition does, so the results are the same f32 values.
+
+use burn::tensor::{DType, FloatDType, Int, Tensor, TensorData, backend::Backend, ops::FloatTensor};
+
+use super::Sketch;
+use crate::ops::{prim, wrap};
+
+fn ints<B: Backend>(values: Vec<i64>, device: &B::Device) -> Tensor<B, 1, Int> {
+    let n = values.len();
+    Tensor::from_data(TensorData::new(values, [n]), device)
+}
+
+fn floats<B: Backend>(values: Vec<f32>, device: &B::Device) -> Tensor<B, 1> {
+    let n = values.len();
+    Tensor::from_data(TensorData::new(values, [n]), (device, DType::F32))
+}
+
+fn sign(sketch: &Sketch, j: usize) -> f32 {
+    if sketch.negative(j) { -1.0 } else { 1.0 }
+}
+
+/// [`super::SketchBackend::sketch_compress`].
+pub fn compress<B: Backend>(g: FloatTensor<B>, sketch: Sketch, squares: bool) -> FloatTensor<B> {
+    let g: Tensor<B, 1> = wrap(g);
+    let device = g.device();
+    let (n, r, d) = (sketch.n, sketch.ratio, sketch.compressed());
+    let columns: Vec<usize> = (0..n).map(|p| sketch.column(p)).collect();
+    // Position p's value (signed, or squared), padded with zeros to d · r.
+    let mut values = g.cast(DType::F32).select(0, ints::<B>(columns.iter().map(|&j| j as i64).collect(), &device));
+    values = if squares { values.clone() * values } else { values * floats::<B>(columns.iter().map(|&j| sign(&sketch, j)).collect(), &device) };
+    if d * r > n {
+        values = Tensor::cat(vec![values, Tensor::zeros([d * r - n], (&device, DType::F32))], 0);
+    }
+    let grid = values.reshape([d, r]);
+    let mut sum: Tensor<B, 1> = Tensor::zeros([d], (&device, DType::F32));
+    for t in 0..r {
+        sum = sum + grid.clone().slice([0..d, t..t + 1]).reshape([d]);
+    }
+    prim(sum)
+}
+
+/// [`super::SketchBackend::sketch_decompress`].
+pub fn decompress<B: Backend>(c: FloatTensor<B>, sketch: Sketch, signed: bool, dtype: FloatDType) -> FloatTensor<B> {
+    let c: Tensor<B, 1> = wrap(c);
+    let device = c.device();
+    let buckets: Vec<i64> = (0..sketch.n).map(|j| (sketch.position(j) / sketch.ratio) as i64).collect();
+    let mut out = c.select(0, ints::<B>(buckets, &device));
+    if signed {
+        out = out * floats::<B>((0..sketch.n).map(|j| sign(&sketch, j)).collect(), &device);
+    }
+    prim(out.cast(dtype))
+}
