@@ -81,8 +81,8 @@ fn the_mean_square_error_is_r_minus_one_times_the_energy() {
     assert!((ratio - 1.0).abs() < 0.05, "E‖ĝ − g‖² / ((r − 1)‖g‖²) = {ratio}");
 }
 
-/// The device's compress (signed and of squares) and decompress (signed and not) equal the host's
-/// bit for bit; half-precision inputs round first.
+/// The device's compress and decompress (signed and not) equal the host's bit for bit, its sums
+/// of squares within a rounding per term; half-precision inputs round first.
 fn check_device<B: SketchBackend>(device: &B::Device, sizes: &[(usize, usize)], dtypes: &[DType]) {
     for &(n, r) in sizes {
         let s = Sketch::new(n, r, 9).unwrap();
@@ -106,7 +106,11 @@ fn check_device<B: SketchBackend>(device: &B::Device, sizes: &[(usize, usize)], 
                     sum
                 })
                 .collect();
-            assert_eq!(bits(&squares), bits(&expected), "n {n} r {r} {dtype:?}: compress squares");
+            // A compiler may fuse `x·x + sum` into one rounding (CUDA does): within an f32
+            // rounding per added square, not bit for bit.
+            for (b, (got, want)) in squares.iter().zip(&expected).enumerate() {
+                assert!((got - want).abs() <= r as f32 * f32::EPSILON * want.abs(), "n {n} r {r} {dtype:?}: squares of bucket {b}: {got} vs {want}");
+            }
             common::poison::<B>(device, 2 * n, DType::F32);
             let back: Vec<f32> = sketch::decompress(c.clone(), &s, DType::F32).into_data().into_vec().unwrap();
             assert_eq!(bits(&back), bits(&s.decompress(&got, true)), "n {n} r {r} {dtype:?}: decompress");

@@ -1,5 +1,5 @@
 //! Ternary gradient sketches on the H100: compress and decompress against the host definition
-//! (bit for bit), the sketched AdamW at ratio 1 against Burn's AdamW, and timings at a Llama-7B
+//! (bit for bit; sums of squares within a rounding per term), the sketched AdamW at ratio 1 against Burn's AdamW, and timings at a Llama-7B
 //! MLP weight (4096 × 11008): compress + decompress, and an optimizer step next to AdamW's, with
 //! the state memory; torch's count sketch (stored index map, `index_add_`) and fused AdamW run in
 //! `peers/sketch.py` in the same call.
@@ -37,13 +37,16 @@ pub fn parity(device: &CudaDevice) -> bool {
                 .collect();
             let checks = [
                 ("compress", same(bits(c.clone()), &s.compress(&host))),
-                ("compress squares", same(bits(sketch::compress_squares(g, &s)), &squares)),
+                ("compress squares (within a rounding per term: CUDA fuses x·x + sum)", {
+                    let got: Vec<f32> = sketch::compress_squares(g, &s).into_data().into_vec().unwrap();
+                    got.iter().zip(&squares).all(|(a, b)| (a - b).abs() <= r as f32 * f32::EPSILON * b.abs())
+                }),
                 ("decompress", same(bits(sketch::decompress(c.clone(), &s, DType::F32)), &s.decompress(&got, true))),
                 ("unsigned decompress", same(bits(sketch::decompress_unsigned(c, &s, DType::F32)), &s.decompress(&got, false))),
             ];
             for (name, pass) in checks {
                 ok &= pass;
-                println!("parity sketch n {n} ratio {r} {dtype:?} {name}: {}", if pass { "bit-exact" } else { "FAIL" });
+                println!("parity sketch n {n} ratio {r} {dtype:?} {name}: {}", if pass { "ok" } else { "FAIL" });
             }
         }
     }

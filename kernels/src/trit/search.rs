@@ -82,26 +82,15 @@ fn scores_kernel<N: Size>(
             acc[t] = 0;
         }
         if valid {
-            // Two vectors a step, both loads issued before either is used (more bytes in flight
-            // per unit), then the odd one out.
             let mut v = lane;
-            while v + group < vectors {
-                let (m0, m1) = (memory[row * vectors + v], memory[row * vectors + v + group]);
-                #[unroll]
-                for t in 0..tile {
-                    let q = query_row(pass * tile + t, query_rows, row, pairwise) * vectors;
-                    acc[t] += vector_score::<N>(m0, queries[q + v], pairs_per_vector, hamming)
-                        + vector_score::<N>(m1, queries[q + v + group], pairs_per_vector, hamming);
-                }
-                v += 2 * group;
-            }
-            if v < vectors {
+            while v < vectors {
                 let m = memory[row * vectors + v];
                 #[unroll]
                 for t in 0..tile {
                     let q = query_row(pass * tile + t, query_rows, row, pairwise) * vectors;
                     acc[t] += vector_score::<N>(m, queries[q + v], pairs_per_vector, hamming);
                 }
+                v += group;
             }
         }
         #[unroll]

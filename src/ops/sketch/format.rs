@@ -10,6 +10,8 @@
 //!   (the same order on every path, so the f32 results are identical);
 //! - decompress: `ĝ = Pᵀ·c`, `ĝⱼ = sⱼ · c_{⌊π(j)/r⌋}`; unsigned (for second moments):
 //!   `v̂ⱼ = v_{⌊π(j)/r⌋}`.
+//! - the squares' bucket sums `Σ g²` (for second moments) are the one result that may differ by
+//!   a rounding per term between paths: a compiler may fuse `x·x + sum` (CUDA does).
 //!
 //! `ĝⱼ − gⱼ = Σ_{k ≠ j in j's bucket} sⱼ sₖ gₖ`: at most the absolute sum of its `r − 1` bucket
 //! mates, zero on average over seeds, and `E‖ĝ − g‖² = (r − 1)·‖g‖²` when every bucket is full
