@@ -575,6 +575,9 @@ fn main() {
     if mode == "trit" || mode == "trit-bench" || mode == "bench" || mode == "all" {
         trit::bench(&device);
     }
+    if mode == "trit-layout" {
+        trit::layout(&device);
+    }
     if mode == "sketch" || mode == "all" {
         ok &= sketch::parity(&device);
     }

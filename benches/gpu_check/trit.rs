@@ -6,10 +6,16 @@
 use std::time::Instant;
 
 use burn::backend::cuda::CudaDevice;
+use burn::tensor::{DType, backend::Backend};
+use burn_cubecl::{CubeBackend, ops::numeric::empty_device_contiguous_dtype, tensor::CubeTensor};
+use cubecl::cuda::CudaRuntime;
 use kiln::ops::trit::{Metric, TritTensor, format};
+use kiln_kernels::trit::{ScoreArgs, WordLayout, launch_planes_to_codes, launch_scores};
 
 use super::common::trits::{check_ops, ints};
 use super::B;
+
+type Cube = CubeBackend<CudaRuntime, f32, i32, u8>;
 
 /// Stored vectors and their length for the search table.
 const STORED: usize = 1_000_000;
@@ -86,4 +92,55 @@ pub fn bench(device: &CudaDevice) {
         permute * 1e3,
         trits / permute
     );
+}
+
+/// The layout decision: the same search kernel on the same 1M × 10 000 vectors held as two
+/// bit-planes (kiln's layout) and as 2-bit codes (16 trits a word, planes split by masks and
+/// shifts), device time of 20 back-to-back launches on `CubeBackend`, 1 and 64 queries.
+pub fn layout(device: &CudaDevice) {
+    let memory = TritTensor::<Cube>::random(STORED, LEN, 0.5, 5, device).unwrap();
+    let words: CubeTensor<CudaRuntime> = memory.words().clone().into_primitive();
+    let client = words.client.clone();
+    let codes_of = |t: &CubeTensor<CudaRuntime>| {
+        let out = empty_device_contiguous_dtype(client.clone(), device.clone(), t.meta.shape().clone(), DType::I32);
+        launch_planes_to_codes(&client, t.meta.num_elements() / 2, t.clone().into_array_arg(), out.clone().into_array_arg());
+        out
+    };
+    let memory_codes = codes_of(&words);
+    let width = words.meta.shape()[1];
+    for q in [1usize, 64] {
+        let queries: CubeTensor<CudaRuntime> = TritTensor::<Cube>::random(q, LEN, 0.5, 6, device).unwrap().words().clone().into_primitive();
+        let query_codes = codes_of(&queries);
+        let scores = empty_device_contiguous_dtype(client.clone(), device.clone(), [q, STORED].into(), DType::I32);
+        let mut results = Vec::new();
+        for (layout, mem, qs) in [(WordLayout::Planes, &words, &queries), (WordLayout::Codes, &memory_codes, &query_codes)] {
+            let launch = || {
+                let args = ScoreArgs {
+                    queries: qs.clone().into_array_arg(),
+                    memory: mem.clone().into_array_arg(),
+                    scores: scores.clone().into_array_arg(),
+                    query_rows: q,
+                    memory_rows: STORED,
+                    vectors: width / 4,
+                    vector_size: 4,
+                    metric: Metric::Dot,
+                    pairwise: false,
+                    layout,
+                };
+                launch_scores(&client, args);
+            };
+            launch();
+            Cube::sync(device).unwrap();
+            let start = Instant::now();
+            for _ in 0..20 {
+                launch();
+            }
+            Cube::sync(device).unwrap();
+            let t = start.elapsed().as_secs_f64() / 20.0;
+            results.push(t);
+            let bytes = memory.bytes() as f64;
+            println!("bench trit layout {layout:?} dot, {q:>2} queries vs {STORED} × {LEN}: {:.3} ms ({:.1}% of HBM)", t * 1e3, 100.0 * bytes / t / HBM);
+        }
+        println!("bench trit layout: 2-bit codes take {:.2}× the planes' time at {q} queries", results[1] / results[0]);
+    }
 }

@@ -212,6 +212,39 @@ fn bundle_sign_kernel(sums: &Array<i32>, out: &mut Array<u32>, pairs: usize, chu
     }
 }
 
+/// The low 16 bits of `x` moved to the even bit positions.
+#[cube]
+fn spread_even(x: u32) -> u32 {
+    let mut y = x & 0xffffu32;
+    y = (y | (y << 8u32)) & 0x00ff_00ffu32;
+    y = (y | (y << 4u32)) & 0x0f0f_0f0fu32;
+    y = (y | (y << 2u32)) & 0x3333_3333u32;
+    (y | (y << 1u32)) & 0x5555_5555u32
+}
+
+/// One unit per word pair: its 32 trits as two words of 2-bit codes
+/// ([`super::WordLayout::Codes`]).
+#[cube(launch_unchecked)]
+fn planes_to_codes_kernel(words: &Array<u32>, codes: &mut Array<u32>, total: usize) {
+    let pos = ABSOLUTE_POS;
+    if pos >= total {
+        terminate!();
+    }
+    let (plus, minus) = (words[2 * pos], words[2 * pos + 1]);
+    codes[2 * pos] = spread_even(plus) | (spread_even(minus) << 1u32);
+    codes[2 * pos + 1] = spread_even(plus >> 16u32) | (spread_even(minus >> 16u32) << 1u32);
+}
+
+/// Rewrite `pairs` word pairs as 2-bit codes (the layout measurement of the GPU check).
+pub fn launch_planes_to_codes<R: Runtime>(client: &ComputeClient<R>, pairs: usize, words: ArrayArg<R>, codes: ArrayArg<R>) {
+    if pairs == 0 {
+        return;
+    }
+    let (count, dim) = elementwise_geometry(client, pairs);
+    // SAFETY: both arrays hold `2 · pairs` words; units past `pairs` exit.
+    unsafe { planes_to_codes_kernel::launch_unchecked::<R>(client, count, dim, words, codes, pairs) }
+}
+
 /// Pack `rows × len` integer trits (signs taken) into `rows × pairs` word pairs.
 pub fn launch_pack<R: Runtime>(client: &ComputeClient<R>, dtype: StorageType, rows: usize, len: usize, trits: ArrayArg<R>, words: ArrayArg<R>) {
     let pairs = len.div_ceil(TRITS_PER_WORD);

@@ -8,8 +8,8 @@
 mod elementwise;
 mod search;
 
-pub use elementwise::{launch_bind, launch_bundle, launch_pack, launch_permute, launch_random, launch_unpack, BundleArgs};
-pub use search::{launch_scores, launch_topk, Metric, ScoreArgs, TopkArgs, TOPK_CHUNK, TOPK_MAX_K};
+pub use elementwise::{launch_bind, launch_bundle, launch_pack, launch_permute, launch_planes_to_codes, launch_random, launch_unpack, BundleArgs};
+pub use search::{launch_scores, launch_topk, Metric, ScoreArgs, TopkArgs, WordLayout, TOPK_CHUNK, TOPK_MAX_K};
 
 use cubecl::prelude::*;
 

@@ -20,17 +20,40 @@ pub enum Metric {
     Hamming,
 }
 
-/// The score of one vector of word pairs against another.
+/// Where a vector's trits sit in its words: kiln's layout, or the 2-bit codes it was chosen over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WordLayout {
+    /// Two bit-planes per 32 trits (`kiln::ops::trit::format`).
+    Planes,
+    /// 16 trits a word, trit `i` at bits `2i` (+1) and `2i + 1` (−1): same bytes, planes split by
+    /// masks and shifts. Kept so that the GPU check can time both (`trit-layout`).
+    Codes,
+}
+
+/// The score of 32 trits given as a plus and a minus plane each.
 #[cube]
-fn vector_score<N: Size>(a: Vector<u32, N>, b: Vector<u32, N>, #[comptime] pairs_per_vector: usize, #[comptime] hamming: bool) -> i32 {
+fn planes_score(ap: u32, am: u32, bp: u32, bm: u32, #[comptime] hamming: bool) -> i32 {
+    if comptime!(hamming) {
+        i32::cast_from(((ap ^ bp) | (am ^ bm)).count_ones())
+    } else {
+        i32::cast_from(((ap & bp) | (am & bm)).count_ones()) - i32::cast_from(((ap & bm) | (am & bp)).count_ones())
+    }
+}
+
+/// The score of one vector of words against another (`pairs_per_vector` = words / 2).
+#[cube]
+fn vector_score<N: Size>(a: Vector<u32, N>, b: Vector<u32, N>, #[comptime] pairs_per_vector: usize, #[comptime] hamming: bool, #[comptime] codes: bool) -> i32 {
     let mut s = 0i32;
-    #[unroll]
-    for p in 0..pairs_per_vector {
-        let (ap, am, bp, bm) = (a[2 * p], a[2 * p + 1], b[2 * p], b[2 * p + 1]);
-        if comptime!(hamming) {
-            s += i32::cast_from(((ap ^ bp) | (am ^ bm)).count_ones());
-        } else {
-            s += i32::cast_from(((ap & bp) | (am & bm)).count_ones()) - i32::cast_from(((ap & bm) | (am & bp)).count_ones());
+    if comptime!(codes) {
+        let even = 0x5555_5555u32;
+        #[unroll]
+        for i in 0..comptime!(2 * pairs_per_vector) {
+            s += planes_score(a[i] & even, (a[i] >> 1u32) & even, b[i] & even, (b[i] >> 1u32) & even, hamming);
+        }
+    } else {
+        #[unroll]
+        for p in 0..pairs_per_vector {
+            s += planes_score(a[2 * p], a[2 * p + 1], b[2 * p], b[2 * p + 1], hamming);
         }
     }
     s
@@ -65,6 +88,7 @@ fn scores_kernel<N: Size>(
     #[comptime] tile: usize,
     #[comptime] hamming: bool,
     #[comptime] pairwise: bool,
+    #[comptime] codes: bool,
 ) {
     let mut partial = SharedMemory::<i32>::new(comptime!(CUBE_UNITS * tile));
     let unit = UNIT_POS as usize;
@@ -88,7 +112,7 @@ fn scores_kernel<N: Size>(
                 #[unroll]
                 for t in 0..tile {
                     let q = query_row(pass * tile + t, query_rows, row, pairwise) * vectors;
-                    acc[t] += vector_score::<N>(m, queries[q + v], pairs_per_vector, hamming);
+                    acc[t] += vector_score::<N>(m, queries[q + v], pairs_per_vector, hamming, codes);
                 }
                 v += group;
             }
@@ -191,6 +215,7 @@ fn topk_kernel(
             let stride = comptime!(CUBE_UNITS >> (step + 1));
             // Nested, not `&&`: CubeCL evaluates both operands, and the right one reads past
             // the reduction's live half.
+            #[allow(clippy::collapsible_if)]
             if unit < stride {
                 if ranks_before(best_keys[unit + stride], best_indices[unit + stride], best_keys[unit], best_indices[unit], smallest) {
                     best_keys[unit] = best_keys[unit + stride];
@@ -225,6 +250,7 @@ pub struct ScoreArgs<R: Runtime> {
     pub metric: Metric,
     /// Row `i` of the memory against query row `i` (or the single query row).
     pub pairwise: bool,
+    pub layout: WordLayout,
 }
 
 /// Launch the scores of [`ScoreArgs`].
@@ -259,6 +285,7 @@ pub fn launch_scores<R: Runtime>(client: &ComputeClient<R>, args: ScoreArgs<R>) 
             tile,
             args.metric == Metric::Hamming,
             args.pairwise,
+            args.layout == WordLayout::Codes,
         )
     }
 }

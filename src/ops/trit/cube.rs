@@ -3,7 +3,7 @@
 
 use burn::tensor::{DType, IntDType, Shape, TensorData, TensorMetadata, ops::{IntTensor, IntTensorOps}};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement, ops::numeric::empty_device_contiguous_dtype, tensor::CubeTensor};
-use kiln_kernels::trit::{self as kernels, BundleArgs, Metric, ScoreArgs, TOPK_CHUNK, TOPK_MAX_K, TopkArgs};
+use kiln_kernels::trit::{self as kernels, BundleArgs, Metric, ScoreArgs, TOPK_CHUNK, TOPK_MAX_K, TopkArgs, WordLayout};
 
 use super::{TritBackend, reference, words_shape};
 use crate::backend::cube::{dense, empty_like_device, storage};
@@ -21,7 +21,7 @@ fn words32<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(word
 
 /// Words per vector load: four (two pairs) when a row's words allow, else one pair.
 fn vector_size(width: usize) -> usize {
-    if width % 4 == 0 { 4 } else { 2 }
+    if width.is_multiple_of(4) { 4 } else { 2 }
 }
 
 fn rows_width<R: CubeRuntime>(t: &CubeTensor<R>) -> (usize, usize) {
@@ -117,6 +117,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> TritBacken
             vector_size,
             metric,
             pairwise,
+            layout: WordLayout::Planes,
         };
         kernels::launch_scores(&memory.client, args);
         scores
