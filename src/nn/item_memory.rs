@@ -106,14 +106,14 @@ impl<B: TritBackend, L: Clone> ItemMemory<B, L> {
         if k == 0 || k > self.len() {
             return Err(TritError(format!("item memory: k = {k} of {} stored vectors", self.len())));
         }
-        let (metric, labels) = (self.metric, self.labels.clone());
-        let stored = self.vectors().expect("a nonempty memory");
-        let (scores, indices) = queries.search(stored, metric, k);
+        self.flush();
+        let stored = self.stored.as_ref().expect("a nonempty memory");
+        let (scores, indices) = queries.search(stored, self.metric, k);
         let read = |t: Tensor<B, 2, Int>| -> Vec<i64> { t.into_data().convert::<i64>().into_vec().expect("int results") };
         let (scores, indices) = (read(scores), read(indices));
         let rows = scores.chunks_exact(k).zip(indices.chunks_exact(k));
         Ok(rows
-            .map(|(s, i)| s.iter().zip(i).map(|(&score, &index)| Match { label: labels[index as usize].clone(), index: index as usize, score }).collect())
+            .map(|(s, i)| s.iter().zip(i).map(|(&score, &index)| Match { label: self.labels[index as usize].clone(), index: index as usize, score }).collect())
             .collect())
     }
 
