@@ -5,6 +5,8 @@ use cubecl::prelude::*;
 
 /// Units of a score or top-k cube.
 const CUBE_UNITS: usize = 256;
+/// Query vectors per row staged in shared memory at a time by the all-pairs scores.
+const STAGE: usize = 64;
 /// Score rows each top-k cube selects from: `CUBE_UNITS` units × 8.
 pub const TOPK_CHUNK: usize = CUBE_UNITS * TOPK_PER_UNIT;
 const TOPK_PER_UNIT: usize = 8;
@@ -72,7 +74,8 @@ fn query_row(wanted: usize, query_rows: usize, row: usize, #[comptime] pairwise:
 
 /// Groups of `group` units per stored row, each unit striding over the row's vectors of words
 /// and scoring them against `tile` query rows at a time (the row's words stay in cache across
-/// tiles); the group's partial scores are summed through shared memory. All pairs: `scores[q][row]`
+/// tiles; the tile's query words are staged in shared memory for the whole cube); the group's
+/// partial scores are summed through shared memory. All pairs: `scores[q][row]`
 /// for every query row; pairwise: `scores[row]` against query row `row` (or 0 with one query).
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
@@ -91,6 +94,7 @@ fn scores_kernel<N: Size>(
     #[comptime] codes: bool,
 ) {
     let mut partial = SharedMemory::<i32>::new(comptime!(CUBE_UNITS * tile));
+    let mut staged = SharedMemory::<Vector<u32, N>>::new(comptime!(tile * STAGE));
     let unit = UNIT_POS as usize;
     let lane = unit % group;
     let row = CUBE_POS * comptime!(CUBE_UNITS / group) + unit / group;
@@ -105,16 +109,41 @@ fn scores_kernel<N: Size>(
         for t in 0..tile {
             acc[t] = 0;
         }
-        if valid {
-            let mut v = lane;
-            while v < vectors {
-                let m = memory[row * vectors + v];
-                #[unroll]
-                for t in 0..tile {
-                    let q = query_row(pass * tile + t, query_rows, row, pairwise) * vectors;
-                    acc[t] += vector_score::<N>(m, queries[q + v], pairs_per_vector, hamming, codes);
+        if comptime!(pairwise) {
+            if valid {
+                let mut v = lane;
+                while v < vectors {
+                    let m = memory[row * vectors + v];
+                    let q = query_row(0, query_rows, row, pairwise) * vectors;
+                    acc[0] += vector_score::<N>(m, queries[q + v], pairs_per_vector, hamming, codes);
+                    v += group;
                 }
-                v += group;
+            }
+        } else {
+            // The tile's query vectors pass through shared memory a chunk of STAGE at a time: every
+            // group of the cube reads them there instead of each from the cache.
+            for chunk in 0..vectors.div_ceil(STAGE) {
+                let first = chunk * STAGE;
+                let mut i = unit;
+                while i < comptime!(tile * STAGE) {
+                    let q = (pass * tile + i / STAGE).min(query_rows - 1);
+                    staged[i] = queries[q * vectors + (first + i % STAGE).min(vectors - 1)];
+                    i += CUBE_UNITS;
+                }
+                sync_cube();
+                if valid {
+                    let end = (vectors - first).min(STAGE);
+                    let mut c = lane;
+                    while c < end {
+                        let m = memory[row * vectors + first + c];
+                        #[unroll]
+                        for t in 0..tile {
+                            acc[t] += vector_score::<N>(m, staged[t * STAGE + c], pairs_per_vector, hamming, codes);
+                        }
+                        c += group;
+                    }
+                }
+                sync_cube();
             }
         }
         #[unroll]
