@@ -107,7 +107,7 @@ fn compress_kernel<F: Float>(
     c[b as usize] = sum;
 }
 
-/// One unit per element: its bucket's value, signed (`Pᵀ·c`) or not, times `scale`.
+/// One unit per element: its bucket's value, signed (`Pᵀ·c`) or not.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn decompress_kernel<F: Float>(
