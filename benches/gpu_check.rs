@@ -17,6 +17,8 @@ mod lora;
 mod nf4;
 #[path = "gpu_check/sketch.rs"]
 mod sketch;
+#[path = "gpu_check/ternary.rs"]
+mod ternary;
 #[path = "gpu_check/trit.rs"]
 mod trit;
 
@@ -568,6 +570,17 @@ fn main() {
     }
     if mode == "lora-bench" || mode == "bench" || mode == "all" {
         lora::bench_steps(&device);
+    }
+    if mode == "ternary" || mode == "all" {
+        ok &= ternary::parity(&device);
+    }
+    if mode == "ternary" || mode == "ternary-bench" || mode == "bench" || mode == "all" {
+        ternary::bench_gemv(&device);
+        ternary::bench_prefill(&device);
+        ternary::bench_qat_step(&device);
+    }
+    if mode == "ternary-gemv" {
+        ternary::bench_gemv(&device);
     }
     if mode == "trit" || mode == "all" {
         ok &= trit::parity(&device);

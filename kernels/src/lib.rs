@@ -24,6 +24,7 @@ pub mod row;
 pub mod sketch;
 pub mod stream_handshake;
 pub mod swiglu;
+pub mod ternary;
 pub mod trit;
 
 pub use cubecl;

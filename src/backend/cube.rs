@@ -1,8 +1,11 @@
 //! Glue between Burn's `CubeTensor` and the launch functions of `kiln-kernels`.
 
-use burn::tensor::{DType, Shape};
+use burn::tensor::{
+    DType, FloatDType, IntDType, Shape,
+    ops::{FloatTensorOps, IntTensorOps},
+};
 use burn_cubecl::{
-    CubeRuntime,
+    BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement,
     kernel::into_contiguous,
     ops::numeric::empty_device_contiguous_dtype,
     tensor::CubeTensor,
@@ -35,6 +38,19 @@ pub(crate) fn unit_last_stride<R: CubeRuntime>(tensor: CubeTensor<R>) -> CubeTen
     }
 }
 
+/// A dense int tensor in a 32-bit dtype, which kernels read as packed u32 words (a backend with
+/// 64-bit ints holds words sign-extended; the cast keeps their low 32 bits).
+pub(crate) fn dense_words<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(t: CubeTensor<R>) -> CubeTensor<R> {
+    let t = if matches!(t.dtype, DType::I32 | DType::U32) { t } else { CubeBackend::<R, F, I, BT>::int_cast(t, IntDType::I32) };
+    dense(t)
+}
+
+/// A dense f32 copy of a float tensor (the tensor itself when it already is one).
+pub(crate) fn dense_f32<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(t: CubeTensor<R>) -> CubeTensor<R> {
+    let t = if t.dtype == DType::F32 { t } else { CubeBackend::<R, F, I, BT>::float_cast(t, FloatDType::F32) };
+    dense(t)
+}
+
 /// The kernel storage type of a tensor's dtype.
 pub(crate) fn storage<R: CubeRuntime>(tensor: &CubeTensor<R>) -> StorageType {
     tensor.dtype.into()
@@ -49,12 +65,12 @@ pub(crate) fn strides<R: CubeRuntime>(tensor: &CubeTensor<R>) -> Vec<usize> {
 pub(crate) fn sum_partials<R, F, I, BT>(partials: CubeTensor<R>, dtype: DType) -> CubeTensor<R>
 where
     R: CubeRuntime,
-    F: burn_cubecl::FloatElement,
-    I: burn_cubecl::IntElement,
-    BT: burn_cubecl::BoolElement,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
 {
-    use burn::tensor::{FloatDType, TensorMetadata, ops::FloatTensorOps};
-    type B<R, F, I, BT> = burn_cubecl::CubeBackend<R, F, I, BT>;
+    use burn::tensor::TensorMetadata;
+    type B<R, F, I, BT> = CubeBackend<R, F, I, BT>;
     let width = partials.shape()[1];
     let summed = B::<R, F, I, BT>::float_sum_dim(partials, 0);
     let flat = B::<R, F, I, BT>::float_reshape(summed, Shape::new([width]));

@@ -1,7 +1,8 @@
 use burn::config::Config;
-use burn::module::{Module, Param, ParamId};
+use burn::module::{Module, Param};
 use burn::tensor::{DType, Int, Tensor, backend::Backend};
 
+use super::{frozen, int_param};
 use crate::nn::{Linear, LinearLayer};
 use crate::ops::nf4::{FormatError, Layout4, Nf4Backend, Packed4, Parts4, QuantType, Quantized4, Scales, matmul_4bit};
 
@@ -88,14 +89,6 @@ impl std::fmt::Display for Nf4Memory {
             self.bf16_bytes as f64 / self.weight_bytes as f64
         )
     }
-}
-
-fn frozen<B: Backend, const D: usize>(t: Tensor<B, D>) -> Param<Tensor<B, D>> {
-    Param::from_tensor(t).set_require_grad(false)
-}
-
-fn int_param<B: Backend>(t: Tensor<B, 1, Int>) -> Param<Tensor<B, 1, Int>> {
-    Param::initialized(ParamId::new(), t)
 }
 
 impl<B: Backend> Nf4Linear<B> {

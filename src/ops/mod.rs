@@ -11,6 +11,7 @@ pub mod rms_norm_rope;
 pub mod rope;
 pub mod sketch;
 pub mod swiglu;
+pub mod ternary;
 pub mod trit;
 
 pub use dora::{dora, dora_norm};
@@ -22,6 +23,7 @@ pub use rms_norm::{rms_norm, rms_norm_residual};
 pub use rms_norm_rope::rms_norm_rope;
 pub use rope::{RopeTable, rope};
 pub use swiglu::{geglu, swiglu};
+pub use ternary::{bitlinear, ternary_matmul};
 
 use burn::tensor::{Tensor, TensorPrimitive, backend::Backend, ops::FloatTensor};
 

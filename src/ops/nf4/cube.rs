@@ -2,12 +2,12 @@
 //! activation rows, and dequantize-then-GEMM (kiln's `gemm`: cuBLASLt on CUDA) for more rows
 //! and for the input gradient.
 
-use burn::tensor::{DType, Shape, TensorData, TensorMetadata, ops::{FloatTensor, FloatTensorOps, IntTensor, IntTensorOps}};
+use burn::tensor::{DType, Shape, TensorData, TensorMetadata, ops::{FloatTensor, FloatTensorOps}};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement, tensor::CubeTensor};
 use kiln_kernels::nf4::{ScaleArgs, gemv_fits, launch_dequantize, launch_gemv, launch_quantize};
 
 use super::{Layout4, Nf4Backend, Parts4, QuantType, Quantized4Primitive, Scales};
-use crate::backend::cube::{dense, empty_like_device, storage};
+use crate::backend::cube::{dense, dense_f32, dense_words, empty_like_device, storage};
 use crate::ops::matmul::{GemmLayout, GemmViews, MatmulBackend};
 
 type Weight<R> = Parts4<CubeTensor<R>, CubeTensor<R>>;
@@ -90,15 +90,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> Nf4Backend
 /// as u32 (a backend with 64-bit ints holds the words sign-extended; the cast keeps their low 32
 /// bits), and the scales and code books in f32.
 fn dense_parts<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(weight: Quantized4Primitive<CubeBackend<R, F, I, BT>>) -> Weight<R> {
-    let words32 = |t: IntTensor<CubeBackend<R, F, I, BT>>| {
-        let t = if matches!(t.dtype, DType::I32 | DType::U32) { t } else { CubeBackend::<R, F, I, BT>::int_cast(t, burn::tensor::IntDType::I32) };
-        dense(t)
-    };
-    let f32s = |t: FloatTensor<CubeBackend<R, F, I, BT>>| {
-        let t = if t.dtype == DType::F32 { t } else { CubeBackend::<R, F, I, BT>::float_cast(t, burn::tensor::FloatDType::F32) };
-        dense(t)
-    };
-    weight.map(words32, f32s)
+    weight.map(dense_words::<R, F, I, BT>, dense_f32::<R, F, I, BT>)
 }
 
 /// The kernels' scale bindings: plain absmax fills the unread nested slots.

@@ -52,7 +52,7 @@ pub fn input_grad<B: Backend>(dy: FloatTensor<B>, weight: Quantized4Primitive<B>
 }
 
 /// The `(word >> shift) & mask` fields of every word, word by word.
-fn unpack<B: Backend>(words: Tensor<B, 1, Int>, shifts: &[i64], mask: i64) -> Tensor<B, 1, Int> {
+pub(crate) fn unpack<B: Backend>(words: Tensor<B, 1, Int>, shifts: &[i64], mask: i64) -> Tensor<B, 1, Int> {
     let (count, fields) = (words.dims()[0], shifts.len());
     let shifts = Tensor::<B, 1, Int>::from_ints(shifts, &words.device()).reshape([1, fields]).expand([count, fields]);
     words.reshape([count, 1]).expand([count, fields]).bitwise_right_shift(shifts).bitwise_and_scalar(mask.elem()).reshape([count * fields])

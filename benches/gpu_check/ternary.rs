@@ -1,0 +1,138 @@
+//! BitNet W2A8 on the H100: the CI tests' checks (codes, activation codes and products against the
+//! host definition, exact; straight-through gradients) at Llama sizes in f32, f16 and bf16, and
+//! the tables — GEMV at BitNet's and Llama's shapes, prefill products, a QAT linear step —
+//! next to kiln's bf16 products; torch and HF's BitLinear run in `peers/ternary.py`, same call.
+
+use std::time::Instant;
+
+use burn::backend::{Autodiff, cuda::CudaDevice};
+use burn::tensor::{DType, Distribution, Tensor, backend::Backend};
+use burn_cubecl::CubeBackend;
+use cubecl::cuda::CudaRuntime;
+use kiln::ops::{self, ternary::TernaryWeight};
+
+use super::common::ternary::{check_gradients, check_kernels, shape};
+use super::B;
+
+type Cube = CubeBackend<CudaRuntime, f32, i32, u8>;
+
+/// `(n, k)`: BitNet's GEMV table (weights `[n, k]`) and Llama's 4096 → 11008 and 8192 → 28672.
+const GEMV: [(usize, usize); 7] = [(2560, 2560), (13824, 2560), (2560, 6912), (3200, 10240), (20480, 3200), (11008, 4096), (28672, 8192)];
+const PREFILL: [(usize, usize); 3] = [(11008, 4096), (4096, 11008), (28672, 8192)];
+/// HBM3 nominal bandwidth of the H100 SXM, bytes per second.
+const HBM: f64 = 3.35e12;
+
+/// The CI checks on CUDA: GEMV rows (1, 3, 8: the `dp4a` kernel) and GEMM rows at model sizes.
+pub fn parity(device: &CudaDevice) -> bool {
+    let shapes = [shape(1, 2560, 6912, 2560), shape(8, 4096, 11008, 1), shape(3, 301, 1000, 64), shape(17, 1024, 4096, 1024), shape(512, 640, 2048, 640)];
+    let mut ok = true;
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let start = Instant::now();
+        let pass = std::panic::catch_unwind(|| check_kernels::<B>(device, dtype, &shapes)).is_ok();
+        println!("parity ternary kernels {dtype:?} (packing, activation codes, W2A8 products exact): {} ({:.1} s)", verdict(pass), start.elapsed().as_secs_f64());
+        ok &= pass;
+        let start = Instant::now();
+        let grads = [shape(64, 512, 1000, 512), shape(5, 96, 4096, 1)];
+        let pass = std::panic::catch_unwind(|| check_gradients::<Autodiff<B>>(device, dtype, &grads)).is_ok();
+        println!("parity ternary straight-through gradients {dtype:?}: {} ({:.1} s)", verdict(pass), start.elapsed().as_secs_f64());
+        ok &= pass;
+    }
+    ok
+}
+
+fn verdict(pass: bool) -> &'static str {
+    if pass { "ok" } else { "FAIL" }
+}
+
+fn bf16<BK: Backend<Device = CudaDevice>, const D: usize>(shape: [usize; D], device: &CudaDevice) -> Tensor<BK, D> {
+    Tensor::<BK, D>::random(shape, Distribution::Normal(0.0, 1.0), device).cast(DType::BF16)
+}
+
+fn weight<BK: Backend<Device = CudaDevice> + ops::ternary::TernaryBackend>(n: usize, k: usize, device: &CudaDevice) -> TernaryWeight<BK> {
+    TernaryWeight::quantize(bf16::<BK, 2>([n, k], device), n)
+}
+
+/// GEMV at 1 and 8 rows: per-call time through Burn (fusion) and the GPU's own time (on
+/// `CubeBackend`, calls queued behind busy work; activation quantization included), next to
+/// kiln's bf16 product of the same shape.
+pub fn bench_gemv(device: &CudaDevice) {
+    for (n, k) in GEMV {
+        let (w, wc) = (weight::<B>(n, k, device), weight::<Cube>(n, k, device));
+        let (dense, dense_c) = (bf16::<B, 2>([k, n], device), bf16::<Cube, 2>([k, n], device));
+        for m in [1, 8] {
+            let (x, xc) = (bf16::<B, 2>([m, k], device), bf16::<Cube, 2>([m, k], device));
+            let per_call = super::time_adaptive(device, 0.05, 2000, || ops::ternary_matmul(x.clone(), &w));
+            let (gpu, _) = super::gpu_time_per_call::<Cube, _>(device, 300, || ops::ternary_matmul(xc.clone(), &wc));
+            let bf_call = super::time_adaptive(device, 0.05, 2000, || ops::matmul(x.clone(), dense.clone()));
+            let (bf_gpu, _) = super::gpu_time_per_call::<Cube, _>(device, 300, || ops::matmul(xc.clone(), dense_c.clone()));
+            let packed = w.layout.bytes() as f64 + (2 * m * (k + n) + m * k) as f64;
+            let dense_bytes = 2.0 * (k * n + m * (k + n)) as f64;
+            println!(
+                "bench ternary gemv m{m} n{n:<6} k{k:<6} kiln W2A8: {:7.1} us/call, GPU {:6.1} us ({:5.0} GB/s, {:4.1}% of HBM on {:.1} MB packed) | kiln bf16: {:7.1} us/call, GPU {:6.1} us ({:5.0} GB/s) | W2A8/bf16 GPU speedup {:.2}x",
+                per_call * 1e6,
+                gpu * 1e6,
+                packed / gpu / 1e9,
+                100.0 * packed / gpu / HBM,
+                packed / 1e6,
+                bf_call * 1e6,
+                bf_gpu * 1e6,
+                dense_bytes / bf_gpu / 1e9,
+                bf_gpu / gpu
+            );
+        }
+    }
+}
+
+/// Prefill products (activation codes and the unscaled weight codes through cuBLASLt, then the
+/// scales) next to kiln's bf16 product.
+pub fn bench_prefill(device: &CudaDevice) {
+    for (n, k) in PREFILL {
+        let w = weight::<B>(n, k, device);
+        let dense = bf16::<B, 2>([k, n], device);
+        for m in [512, 2048, 8192] {
+            let x = bf16::<B, 2>([m, k], device);
+            let t = super::time_adaptive(device, 0.1, 200, || ops::ternary_matmul(x.clone(), &w));
+            let bf = super::time_adaptive(device, 0.1, 200, || ops::matmul(x.clone(), dense.clone()));
+            let flops = 2.0 * (m * k * n) as f64;
+            println!(
+                "bench ternary prefill m{m:<5} n{n:<6} k{k:<6} kiln W2A8 {:8.3} ms ({:4.0} TF/s) | kiln bf16 {:8.3} ms ({:4.0} TF/s) | W2A8/bf16 {:.2}x",
+                t * 1e3,
+                flops / t / 1e12,
+                bf * 1e3,
+                flops / bf / 1e12,
+                bf / t
+            );
+        }
+    }
+}
+
+/// A QAT step of one linear (4096 tokens, 4096 → 11008, bf16): `bitlinear` forward + backward
+/// (both gradients) next to kiln's bf16 linear forward + backward, with the device memory each
+/// holds at the end of the step.
+pub fn bench_qat_step(device: &CudaDevice) {
+    type Ad = Autodiff<B>;
+    let (m, n, k) = (4096, 11008, 4096);
+    let x = bf16::<Ad, 2>([m, k], device).require_grad();
+    let latent = bf16::<Ad, 2>([n, k], device).require_grad();
+    let dense = bf16::<Ad, 2>([k, n], device).require_grad();
+    let dy = bf16::<Ad, 2>([m, n], device);
+    let qat = || {
+        let grads = (ops::bitlinear(x.clone(), latent.clone(), n) * dy.clone()).sum().backward();
+        (x.grad(&grads).unwrap(), latent.grad(&grads).unwrap())
+    };
+    let plain = || {
+        let grads = (ops::matmul(x.clone(), dense.clone()) * dy.clone()).sum().backward();
+        (x.grad(&grads).unwrap(), dense.grad(&grads).unwrap())
+    };
+    let t = super::time_adaptive(device, 0.2, 50, qat);
+    let bf = super::time_adaptive(device, 0.2, 50, plain);
+    let flops = 3.0 * 2.0 * (m * k * n) as f64;
+    println!(
+        "bench ternary qat step m{m} n{n} k{k} fwd+bwd: kiln bitlinear {:.3} ms ({:.0} TF/s) | kiln bf16 linear {:.3} ms ({:.0} TF/s) | bitlinear/bf16 {:.2}x the time",
+        t * 1e3,
+        flops / t / 1e12,
+        bf * 1e3,
+        flops / bf / 1e12,
+        t / bf
+    );
+}

@@ -1,0 +1,367 @@
+//! BitNet b1.58 ternary weights with 8-bit activations (W2A8): quantize and pack, dequantize, and
+//! the product of a few activation rows with a packed weight (decoding) with integer sums.
+//!
+//! Layouts (the host definition is `kiln::ops::ternary::format`): a weight row of `k` codes is
+//! padded to a multiple of 64 and packed sixteen 2-bit codes `w + 1` a u32 word, code `i` at bit
+//! `8 · (i % 4) + 2 · (i / 4)`, so `(word >> 2j) & 0x03030303` holds the codes of elements
+//! `4j … 4j+3` as bytes; activations are int8 codes four a word along `k`, padded with zeros to
+//! the same 64-element granule. Scales are f32: one per group of output rows (`w ≈ q / s`), one
+//! per activation row. A product is `acc / (s_x · s_w)` with the exact integer sum `acc`.
+//!
+//! The portable GEMV here serves every runtime; on CUDA [`dp4a`] runs the same product with
+//! the byte dot-product instruction, which CubeCL's IR does not have.
+
+#[cfg(feature = "cuda")]
+pub mod dp4a;
+
+use cubecl::prelude::*;
+
+use crate::row::{RowLayout, plane_size_for_reduction, prev_power_of_two, row_index, row_max, row_sum};
+
+/// Codes in a packed weight word.
+pub const CODES_PER_WORD: usize = 16;
+/// Rows are padded to multiples of this many elements.
+pub const ROW_GRANULE: usize = 64;
+/// The most activation rows the GEMVs take; more go through the GEMM path.
+pub const GEMV_MAX_ROWS: usize = 8;
+/// The longest rows whose integer sums the kernels carry exactly through f32 reductions and
+/// GEMM accumulators (`127 · k < 2²⁴`).
+pub const MAX_K: usize = 1 << 17;
+
+/// Bit offset of code `i` (0..16) in its word.
+#[cube]
+fn code_shift(i: u32) -> u32 {
+    8 * (i % 4) + 2 * (i / 4)
+}
+
+/// `x` rounded half to even (CUDA's `rint`, WGSL's `round`) and clamped to `[lo, hi]`.
+#[cube]
+fn round_clamp(x: f32, lo: f32, hi: f32) -> f32 {
+    x.round().clamp(lo, hi)
+}
+
+/// One unit per packed word: sixteen codes `clamp(round(w · s), −1, 1) + 1` of one weight row,
+/// `s` the row's group scale; columns past `k` hold the padding code 1.
+#[cube(launch_unchecked)]
+fn quantize_weight_kernel<F: Float>(
+    weight: &Array<F>,
+    scales: &Array<f32>,
+    words: &mut Array<u32>,
+    k: usize,
+    row_words: usize,
+    group: usize,
+    total_words: usize,
+    #[define(F)] _dtype: StorageType,
+) {
+    let w = ABSOLUTE_POS;
+    if w >= total_words {
+        terminate!();
+    }
+    let row = w / row_words;
+    let first = (w % row_words) * CODES_PER_WORD;
+    let s = scales[row / group];
+    let mut word = 0u32;
+    #[unroll]
+    for i in 0..CODES_PER_WORD {
+        let j = first + i;
+        let mut code = 1u32;
+        if j < k {
+            code = u32::cast_from(round_clamp(f32::cast_from(weight[row * k + j]) * s, -1.0, 1.0) + 1.0);
+        }
+        word |= code << code_shift(i as u32);
+    }
+    words[w] = word;
+}
+
+/// The int8 scale `127 / max(max|x|, 1e-5)` of the row starting at `base`, every unit of the
+/// row taking part (one row per cube).
+#[cube]
+fn act_row_scale<F: Float>(x: &Array<F>, base: usize, k: usize, #[comptime] layout: RowLayout) -> f32 {
+    let mut local = 0.0f32;
+    let mut j = UNIT_POS_X as usize;
+    while j < k {
+        // `v > local` skips a NaN (whose code is 0 anyway).
+        let v = f32::cast_from(x[base + j]).abs();
+        local = select(v > local, v, local);
+        j += layout.units_per_row;
+    }
+    let abs_max = row_max(local, layout);
+    127.0f32 / abs_max.max(1e-5f32)
+}
+
+/// One cube per activation row: its scale, its int8 codes packed four a word, and the row's
+/// code sum (f32, exact below [`MAX_K`]) for the `dp4a` GEMV's `w + 1` codes.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn quantize_acts_packed_kernel<F: Float>(
+    x: &Array<F>,
+    words: &mut Array<u32>,
+    scales: &mut Array<f32>,
+    sums: &mut Array<f32>,
+    k: usize,
+    row_words: usize,
+    #[comptime] layout: RowLayout,
+    #[define(F)] _dtype: StorageType,
+) {
+    let row = row_index(layout);
+    let base = row * k;
+    let s = act_row_scale(x, base, k, layout);
+    let mut sum = 0.0f32;
+    let mut w = UNIT_POS_X as usize;
+    while w < row_words {
+        let mut word = 0u32;
+        #[unroll]
+        for b in 0..4usize {
+            let j = w * 4 + b;
+            if j < k {
+                let q = round_clamp(f32::cast_from(x[base + j]) * s, -128.0, 127.0);
+                sum += q;
+                word |= (u32::cast_from(i32::cast_from(q)) & 0xff) << (8 * b as u32);
+            }
+        }
+        words[row * row_words + w] = word;
+        w += layout.units_per_row;
+    }
+    let total = row_sum(sum, layout);
+    if UNIT_POS_X == 0 {
+        scales[row] = s;
+        sums[row] = total;
+    }
+}
+
+/// One cube per activation row: its scale and its int8 codes as floats in `F` (for a GEMM).
+#[cube(launch_unchecked)]
+fn quantize_acts_float_kernel<F: Float>(
+    x: &Array<F>,
+    codes: &mut Array<F>,
+    scales: &mut Array<f32>,
+    k: usize,
+    #[comptime] layout: RowLayout,
+    #[define(F)] _dtype: StorageType,
+) {
+    let row = row_index(layout);
+    let base = row * k;
+    let s = act_row_scale(x, base, k, layout);
+    let mut j = UNIT_POS_X as usize;
+    while j < k {
+        codes[base + j] = F::cast_from(round_clamp(f32::cast_from(x[base + j]) * s, -128.0, 127.0));
+        j += layout.units_per_row;
+    }
+    if UNIT_POS_X == 0 {
+        scales[row] = s;
+    }
+}
+
+/// One unit per output element: the weight's code `q` (`unscaled`) or `q / s`, in `F`.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn dequantize_kernel<F: Float>(
+    words: &Array<u32>,
+    scales: &Array<f32>,
+    out: &mut Array<F>,
+    k: usize,
+    row_words: usize,
+    group: usize,
+    len: usize,
+    #[comptime] unscaled: bool,
+    #[define(F)] _dtype: StorageType,
+) {
+    let i = ABSOLUTE_POS;
+    if i >= len {
+        terminate!();
+    }
+    let row = i / k;
+    let j = i % k;
+    let word = words[row * row_words + j / CODES_PER_WORD];
+    let q = f32::cast_from((word >> code_shift((j % CODES_PER_WORD) as u32)) & 3) - 1.0;
+    if comptime!(unscaled) {
+        out[i] = F::cast_from(q);
+    } else {
+        out[i] = F::cast_from(q / scales[row / group]);
+    }
+}
+
+/// Sign-extended byte `b` (0..4) of `word`.
+#[cube]
+fn signed_byte(word: u32, #[comptime] b: u32) -> i32 {
+    i32::cast_from(word << comptime!(24 - 8 * b)) >> 24
+}
+
+/// `out[r, f] = Σ_k q_x[r, k] · q_w[f, k] / (s_x[r] · s_w[f])` for `rows` activation rows: one
+/// layout row per output feature, its units striding over the row's 16-byte vectors of words
+/// (64 codes), each word's four groups of four codes against one 16-byte vector of activations
+/// per activation row. Sums are exact integers, reduced as f32 (exact below [`MAX_K`]).
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn gemv_kernel<F: Float, N: Size>(
+    x: &Array<Vector<u32, N>>,
+    x_scales: &Array<f32>,
+    words: &Array<Vector<u32, N>>,
+    w_scales: &Array<f32>,
+    out: &mut Array<F>,
+    n: usize,
+    row_vectors: usize,
+    group: usize,
+    #[comptime] rows: usize,
+    #[comptime] layout: RowLayout,
+    #[define(F)] _dtype: StorageType,
+) {
+    let feature = row_index(layout);
+    let valid = feature < n;
+    let mut acc = Array::<i32>::new(rows);
+    #[unroll]
+    for r in 0..rows {
+        acc[r] = 0;
+    }
+    if valid {
+        let mut v = UNIT_POS_X as usize;
+        while v < row_vectors {
+            let packed = words[feature * row_vectors + v];
+            #[unroll]
+            for wi in 0..4usize {
+                let word = packed[wi];
+                #[unroll]
+                for r in 0..rows {
+                    let a = x[(r * row_vectors + v) * 4 + wi];
+                    let mut partial = 0i32;
+                    #[unroll]
+                    for j in 0..4u32 {
+                        let codes = (word >> (2 * j)) & 0x0303_0303u32;
+                        #[unroll]
+                        for b in 0..4u32 {
+                            let q = i32::cast_from((codes >> (8 * b)) & 3) - 1;
+                            partial += q * signed_byte(a[j as usize], b);
+                        }
+                    }
+                    acc[r] += partial;
+                }
+            }
+            v += layout.units_per_row;
+        }
+    }
+    #[unroll]
+    for r in 0..rows {
+        let total = row_sum(f32::cast_from(acc[r]), layout);
+        if valid && UNIT_POS_X == 0 {
+            out[r * n + feature] = F::cast_from(total / (x_scales[r] * w_scales[feature / group]));
+        }
+    }
+}
+
+/// Pack a row-major float weight `[n, k]` with per-group scales `scales` (one per `group` rows)
+/// into `words` (`n · row_words`, `row_words` = `k` padded to 64, over 16).
+#[allow(clippy::too_many_arguments)]
+pub fn launch_quantize_weight<R: Runtime>(
+    client: &ComputeClient<R>,
+    dtype: StorageType,
+    k: usize,
+    row_words: usize,
+    group: usize,
+    total_words: usize,
+    weight: ArrayArg<R>,
+    scales: ArrayArg<R>,
+    words: ArrayArg<R>,
+) {
+    let (count, dim) = crate::row::elementwise_geometry(client, total_words);
+    // SAFETY: `weight` is `[n, k]`, `scales` has one value per group, `words` `total_words`;
+    // units past the last word exit.
+    unsafe { quantize_weight_kernel::launch_unchecked::<R>(client, count, dim, weight, scales, words, k, row_words, group, total_words, dtype) }
+}
+
+/// One row per cube, up to 256 units striding over it.
+fn act_layout<R: Runtime>(client: &ComputeClient<R>) -> RowLayout {
+    let max_units = (client.properties().hardware.max_units_per_cube as usize).min(256);
+    RowLayout { units_per_row: prev_power_of_two(max_units.max(1)), rows_per_cube: 1, vectors_per_unit: 1, plane_size: plane_size_for_reduction(client) }
+}
+
+/// Where the activation codes go: packed words with their rows' code sums, or float codes.
+pub enum ActCodes<R: Runtime> {
+    /// `words` `[m, row_words]` (row_words = `k` padded to 64, over 4), `sums` `[m]` f32.
+    Packed { words: ArrayArg<R>, sums: ArrayArg<R> },
+    /// `[m, k]` in the input's dtype.
+    Float(ArrayArg<R>),
+}
+
+/// Quantize `m` activation rows of `k` values: per-row scales into `scales` and the codes.
+pub fn launch_quantize_acts<R: Runtime>(client: &ComputeClient<R>, dtype: StorageType, m: usize, k: usize, x: ArrayArg<R>, scales: ArrayArg<R>, codes: ActCodes<R>) {
+    if m == 0 {
+        return;
+    }
+    let layout = act_layout(client);
+    // One cube per row: the grid has exactly `m` cubes.
+    let (count, dim) = (CubeCount::Static(m as u32, 1, 1), layout.cube_dim());
+    // SAFETY: `x` is `[m, k]`, `scales` `[m]`, the codes sized as `ActCodes` documents; every
+    // index stays below `k` or `row_words` within row `CUBE_POS < m`.
+    unsafe {
+        match codes {
+            ActCodes::Packed { words, sums } => {
+                let row_words = k.div_ceil(ROW_GRANULE) * ROW_GRANULE / 4;
+                quantize_acts_packed_kernel::launch_unchecked::<R>(client, count, dim, x, words, scales, sums, k, row_words, layout, dtype)
+            }
+            ActCodes::Float(codes) => quantize_acts_float_kernel::launch_unchecked::<R>(client, count, dim, x, codes, scales, k, layout, dtype),
+        }
+    }
+}
+
+/// Dequantize a packed weight `[n, k]` into `out` (`q`, or `q / s` unless `unscaled`).
+#[allow(clippy::too_many_arguments)]
+pub fn launch_dequantize<R: Runtime>(
+    client: &ComputeClient<R>,
+    dtype: StorageType,
+    n: usize,
+    k: usize,
+    group: usize,
+    unscaled: bool,
+    words: ArrayArg<R>,
+    scales: ArrayArg<R>,
+    out: ArrayArg<R>,
+) {
+    let len = n * k;
+    let row_words = k.div_ceil(ROW_GRANULE) * ROW_GRANULE / CODES_PER_WORD;
+    let (count, dim) = crate::row::elementwise_geometry(client, len);
+    // SAFETY: `words` holds `n · row_words` words, `scales` one per group, `out` `n · k`; units
+    // past the end exit.
+    unsafe { dequantize_kernel::launch_unchecked::<R>(client, count, dim, words, scales, out, k, row_words, group, len, unscaled, dtype) }
+}
+
+/// `out [rows, n] = acc / (s_x · s_w)` for packed activations `x` (`[rows, k]` as words) and a
+/// packed weight `[n, k]`, `rows` in `1..=GEMV_MAX_ROWS`.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_gemv<R: Runtime>(
+    client: &ComputeClient<R>,
+    dtype: StorageType,
+    rows: usize,
+    n: usize,
+    k: usize,
+    group: usize,
+    x: ArrayArg<R>,
+    x_scales: ArrayArg<R>,
+    words: ArrayArg<R>,
+    w_scales: ArrayArg<R>,
+    out: ArrayArg<R>,
+) {
+    assert!((1..=GEMV_MAX_ROWS).contains(&rows) && k <= MAX_K, "kiln ternary gemv: {rows} rows of {k} features");
+    let row_vectors = k.div_ceil(ROW_GRANULE);
+    let layout = RowLayout::new(client, row_vectors, 4, 2).expect("a row of 16-byte vectors fits a row layout");
+    // SAFETY: `x` holds `rows · row_vectors · 4` vectors of four words, `words` `n · row_vectors`,
+    // `out` `rows · n`; features past `n` load and store nothing.
+    unsafe {
+        gemv_kernel::launch_unchecked::<R>(
+            client,
+            layout.cube_count(client, n),
+            layout.cube_dim(),
+            4,
+            x,
+            x_scales,
+            words,
+            w_scales,
+            out,
+            n,
+            row_vectors,
+            group,
+            rows,
+            layout,
+            dtype,
+        )
+    }
+}

@@ -1,0 +1,194 @@
+//! Ternary weights on CubeCL backends: the packing and activation kernels, the W2A8 GEMV for
+//! few rows (`dp4a` on CUDA, the portable kernel elsewhere), and for more rows the codes through
+//! kiln's GEMM (cuBLASLt on CUDA) with the scales applied after.
+
+use burn::tensor::{DType, Shape, Tensor, TensorMetadata, ops::FloatTensor};
+use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement, tensor::CubeTensor};
+use kiln_kernels::ternary::{ActCodes, GEMV_MAX_ROWS, launch_dequantize, launch_gemv, launch_quantize_acts, launch_quantize_weight};
+
+use super::format::act_row_words;
+use super::{TernaryBackend, TernaryLayout, TernaryParts, TernaryPrimitive, reference};
+use crate::backend::cube::{dense, dense_f32, dense_words, empty_like_device, storage};
+use crate::ops::matmul::{GemmLayout, GemmViews, MatmulBackend};
+use crate::ops::{prim, wrap};
+
+type Weight<R> = TernaryParts<CubeTensor<R>, CubeTensor<R>>;
+
+impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> TernaryBackend for CubeBackend<R, F, I, BT> {
+    fn ternary_quantize(weight: FloatTensor<Self>, group: usize) -> TernaryPrimitive<Self> {
+        let weight = dense(weight);
+        let shape = weight.shape();
+        let layout = TernaryLayout::new(shape[0], shape[1], group).unwrap_or_else(|e| panic!("{e}"));
+        let f32_weight: Tensor<Self, 2> = wrap(dense_f32::<R, F, I, BT>(weight.clone()));
+        let scales = dense(prim(reference::weight_scales(f32_weight, layout)));
+        let words = empty_like_device(&weight, [layout.words()], DType::I32);
+        launch_quantize_weight(
+            &weight.client.clone(),
+            storage(&weight),
+            layout.k,
+            layout.row_words(),
+            layout.group,
+            layout.words(),
+            weight.into_array_arg(),
+            scales.clone().into_array_arg(),
+            words.clone().into_array_arg(),
+        );
+        TernaryParts { words, scales, layout }
+    }
+
+    fn ternary_dequantize(weight: TernaryPrimitive<Self>, dtype: DType) -> FloatTensor<Self> {
+        dequantize::<R, F, I, BT>(dense_parts::<R, F, I, BT>(weight), dtype, false)
+    }
+
+    fn ternary_quantize_acts(x: FloatTensor<Self>) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let x = dense(x);
+        let [m, k] = dims(&x);
+        let codes = empty_like_device(&x, [m, k], x.dtype);
+        let scales = empty_like_device(&x, [m], DType::F32);
+        launch_quantize_acts(&x.client.clone(), storage(&x), m, k, x.into_array_arg(), scales.clone().into_array_arg(), ActCodes::Float(codes.clone().into_array_arg()));
+        (codes, scales)
+    }
+
+    fn ternary_matmul(x: FloatTensor<Self>, weight: TernaryPrimitive<Self>) -> FloatTensor<Self> {
+        let (x, weight) = (dense(x), dense_parts::<R, F, I, BT>(weight));
+        let [m, k] = dims(&x);
+        if (1..=GEMV_MAX_ROWS).contains(&m) {
+            return gemv::<R>(x, &weight);
+        }
+        // Codes in x's dtype (exact: |q| ≤ 128), their integer sums by the GEMM, then the scales.
+        let l = weight.layout;
+        let (codes, sx) = Self::ternary_quantize_acts(x.clone());
+        let w = dequantize::<R, F, I, BT>(weight.clone(), x.dtype, true);
+        let views = GemmViews::new(Shape::new([1, m, k]), Shape::new([1, l.n, k]), Shape::new([m, l.n]), GemmLayout::new(false, true));
+        let acc: Tensor<Self, 2> = wrap(Self::gemm(codes, w, None, None, views));
+        let sx: Tensor<Self, 1> = wrap(sx);
+        let sw = row_scales::<R, F, I, BT>(weight.scales, l);
+        let scale = sx.reshape([m, 1]) * sw.reshape([1, l.n]);
+        prim((acc.cast(burn::tensor::FloatDType::F32) / scale).cast(x.dtype))
+    }
+
+    fn ternary_input_grad(dy: FloatTensor<Self>, weight: TernaryPrimitive<Self>) -> FloatTensor<Self> {
+        let m = dy.shape()[0];
+        let l = weight.layout;
+        let w = Self::ternary_dequantize(weight, dy.dtype);
+        let views = GemmViews::new(Shape::new([1, m, l.n]), Shape::new([1, l.n, l.k]), Shape::new([m, l.k]), GemmLayout::default());
+        Self::gemm(dy, w, None, None, views)
+    }
+
+    fn ternary_weight_grad(dy: FloatTensor<Self>, x: FloatTensor<Self>) -> FloatTensor<Self> {
+        let ([m, n], k) = (dims(&dy), x.shape()[1]);
+        let dtype = dy.dtype;
+        let (codes, sx) = Self::ternary_quantize_acts(x);
+        let x_tilde: Tensor<Self, 2> = wrap::<Self, 2>(codes).cast(burn::tensor::FloatDType::F32) / wrap::<Self, 1>(sx).reshape([m, 1]);
+        let x_tilde = prim(x_tilde.cast(dtype));
+        let views = GemmViews::new(Shape::new([1, m, n]), Shape::new([1, m, k]), Shape::new([n, k]), GemmLayout::new(true, false));
+        Self::gemm(dy, x_tilde, None, None, views)
+    }
+}
+
+fn dims<R: CubeRuntime>(t: &CubeTensor<R>) -> [usize; 2] {
+    let s = t.shape();
+    [s[0], s[1]]
+}
+
+/// The words in a 32-bit int dtype and the scales in f32, both dense.
+fn dense_parts<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(weight: TernaryPrimitive<CubeBackend<R, F, I, BT>>) -> Weight<R> {
+    weight.map(dense_words::<R, F, I, BT>, dense_f32::<R, F, I, BT>)
+}
+
+/// Each output row's scale `[n]` (f32).
+fn row_scales<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(scales: CubeTensor<R>, l: TernaryLayout) -> Tensor<CubeBackend<R, F, I, BT>, 1> {
+    let scales: Tensor<CubeBackend<R, F, I, BT>, 1> = wrap(scales);
+    let groups = l.groups();
+    scales.reshape([groups, 1]).expand([groups, l.group]).reshape([groups * l.group]).slice(0..l.n)
+}
+
+fn dequantize<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(weight: Weight<R>, dtype: DType, unscaled: bool) -> CubeTensor<R> {
+    let l = weight.layout;
+    let out = empty_like_device(&weight.scales, [l.n, l.k], dtype);
+    launch_dequantize(
+        &out.client.clone(),
+        storage(&out),
+        l.n,
+        l.k,
+        l.group,
+        unscaled,
+        weight.words.into_array_arg(),
+        weight.scales.into_array_arg(),
+        out.clone().into_array_arg(),
+    );
+    out
+}
+
+/// The GEMV: activations quantized and packed, then the `dp4a` kernel on CUDA or the portable one.
+fn gemv<R: CubeRuntime>(x: CubeTensor<R>, weight: &Weight<R>) -> CubeTensor<R> {
+    let [m, k] = dims(&x);
+    let l = weight.layout;
+    let client = x.client.clone();
+    let words = empty_like_device(&x, [m * act_row_words(k)], DType::I32);
+    let scales = empty_like_device(&x, [m], DType::F32);
+    let sums = empty_like_device(&x, [m], DType::F32);
+    let out = empty_like_device(&x, [m, l.n], x.dtype);
+    let codes = ActCodes::Packed { words: words.clone().into_array_arg(), sums: sums.clone().into_array_arg() };
+    launch_quantize_acts(&client, storage(&x), m, k, x.clone().into_array_arg(), scales.clone().into_array_arg(), codes);
+    #[cfg(feature = "cuda")]
+    if dp4a::gemv(&x, m, weight, [&words, &scales, &sums], &out) {
+        return out;
+    }
+    launch_gemv(
+        &client,
+        storage(&out),
+        m,
+        l.n,
+        k,
+        l.group,
+        words.into_array_arg(),
+        scales.into_array_arg(),
+        weight.words.clone().into_array_arg(),
+        weight.scales.clone().into_array_arg(),
+        out.clone().into_array_arg(),
+    );
+    out
+}
+
+#[cfg(feature = "cuda")]
+mod dp4a {
+    use burn::tensor::DType;
+    use burn_cubecl::{CubeRuntime, tensor::CubeTensor};
+    use kiln_kernels::ternary::dp4a::{GemvArgs, OutKind, launch_gemv};
+
+    use super::Weight;
+    use crate::backend::cube::cuda;
+
+    fn binding<R: CubeRuntime>(t: &CubeTensor<R>) -> cubecl::server::Binding {
+        t.handle.clone().binding()
+    }
+
+    /// The `dp4a` GEMV, if `x` lives on a CUDA device that has the instruction (compute
+    /// capability 6.1 and up); `false` leaves the product to the portable kernel.
+    pub(super) fn gemv<R: CubeRuntime>(x: &CubeTensor<R>, m: usize, weight: &Weight<R>, acts: [&CubeTensor<R>; 3], out: &CubeTensor<R>) -> bool {
+        let Some(client) = cuda::client(x) else { return false };
+        let capable = cuda::device_index(x).and_then(cuda::compute_capability).is_some_and(|cc| cc >= (6, 1));
+        let kind = match out.dtype {
+            DType::F32 => OutKind::F32,
+            DType::F16 => OutKind::F16,
+            DType::BF16 => OutKind::Bf16,
+            _ => return false,
+        };
+        if !capable {
+            return false;
+        }
+        let l = weight.layout;
+        let [words, scales, sums] = acts;
+        let args = GemvArgs {
+            x: binding(words),
+            x_scales: binding(scales),
+            x_sums: binding(sums),
+            words: binding(&weight.words),
+            w_scales: binding(&weight.scales),
+            out: binding(out),
+        };
+        launch_gemv(client, kind, m, l.n, l.k, l.group, args);
+        true
+    }
+}

@@ -1,0 +1,209 @@
+//! BitNet b1.58: ternary weights (`{−1, 0, +1}` times a scale) with 8-bit activations (W2A8),
+//! for inference on packed weights and for quantization-aware training on latent float weights.
+//!
+//! - [`format`]: the definition on the host ([`TernaryMatrix`], [`QuantizedActs`]): the
+//!   quantizers, kiln's 2-bit packing and HF `BitNetForCausalLM`'s, the exact oracle.
+//! - [`TernaryWeight`]: a packed weight `[n, k]` on the device (words, group scales).
+//! - [`ternary_matmul`]: `x · Wᵀ` with `x` quantized per row to int8 and integer sums. Up to
+//!   [`GEMV_MAX_ROWS`] rows a GEMV reads the packed words directly (`dp4a` on CUDA); more rows run
+//!   the codes through kiln's GEMM (exact for f32 inputs; half-precision inputs round the sum to
+//!   their dtype once before the scale, as HF's `BitLinear` does). Its backward gives the input
+//!   gradient of a frozen weight, `dy · W̃` (the activation quantizer passes gradients straight
+//!   through).
+//! - [`bitlinear`]: the training op on a latent weight: quantize it, quantize `x`, multiply;
+//!   gradients go straight through both quantizers to `x` and to the latent weight.
+
+mod backward;
+mod cube;
+pub mod format;
+mod fusion;
+pub mod reference;
+
+pub use format::{QuantizedActs, TernaryError, TernaryLayout, TernaryMatrix};
+pub use kiln_kernels::ternary::{GEMV_MAX_ROWS, MAX_K};
+
+use burn::tensor::{
+    DType, Int, Shape, Tensor, TensorData,
+    backend::Backend,
+    ops::{FloatTensor, IntTensor},
+};
+
+use super::{prim, wrap};
+use crate::error::{ensure, ensure_float};
+
+/// A packed ternary weight, generic over how its tensors are held: Burn tensors
+/// ([`TernaryWeight`]) or backend primitives ([`TernaryPrimitive`]).
+#[derive(Debug, Clone)]
+pub struct TernaryParts<I, F> {
+    /// Packed codes, sixteen a u32 word, rows padded to 64 codes (stored as the backend's ints).
+    pub words: I,
+    /// f32 scales, one per group of output rows (`w ≈ q / s`).
+    pub scales: F,
+    pub layout: TernaryLayout,
+}
+
+/// A packed ternary weight on the device.
+pub type TernaryWeight<B> = TernaryParts<Tensor<B, 1, Int>, Tensor<B, 1>>;
+/// A packed ternary weight as backend primitives.
+pub type TernaryPrimitive<B> = TernaryParts<IntTensor<B>, FloatTensor<B>>;
+
+impl<I, F> TernaryParts<I, F> {
+    /// The same weight with each tensor converted.
+    pub fn map<I2, F2>(self, int: impl FnOnce(I) -> I2, float: impl FnOnce(F) -> F2) -> TernaryParts<I2, F2> {
+        TernaryParts { words: int(self.words), scales: float(self.scales), layout: self.layout }
+    }
+}
+
+/// Backend support for ternary weights. The default methods are the reference.
+pub trait TernaryBackend: Backend {
+    /// Quantize a `[n, k]` weight with absmean scales per `group` output rows.
+    fn ternary_quantize(weight: FloatTensor<Self>, group: usize) -> TernaryPrimitive<Self> {
+        reference::quantize::<Self>(weight, group)
+    }
+
+    /// The `[n, k]` float weight `q / s` in `dtype`.
+    fn ternary_dequantize(weight: TernaryPrimitive<Self>, dtype: DType) -> FloatTensor<Self> {
+        reference::dequantize::<Self>(weight, dtype)
+    }
+
+    /// Activation rows `[m, k]` quantized: the int8 codes as floats in the dtype of `x`, and the
+    /// f32 scales `[m]`.
+    fn ternary_quantize_acts(x: FloatTensor<Self>) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        reference::quantize_acts::<Self>(x)
+    }
+
+    /// `x [m, k] · Wᵀ → [m, n]` in the dtype of `x`, `x` quantized per row to int8.
+    fn ternary_matmul(x: FloatTensor<Self>, weight: TernaryPrimitive<Self>) -> FloatTensor<Self> {
+        reference::matmul::<Self>(x, weight)
+    }
+
+    /// `dy [m, n] · (q / s) → [m, k]`: the input gradient of [`TernaryBackend::ternary_matmul`].
+    fn ternary_input_grad(dy: FloatTensor<Self>, weight: TernaryPrimitive<Self>) -> FloatTensor<Self> {
+        reference::input_grad::<Self>(dy, weight)
+    }
+
+    /// `dyᵀ [n, m] · x̃ → [n, k]` with `x̃ = q_x / s_x` the quantized activations: the latent
+    /// weight's gradient of [`TernaryBackend::bitlinear`], in the dtype of `dy`.
+    fn ternary_weight_grad(dy: FloatTensor<Self>, x: FloatTensor<Self>) -> FloatTensor<Self> {
+        reference::weight_grad::<Self>(dy, x)
+    }
+
+    /// Quantization-aware `x [m, k] · W̃ᵀ` for a latent float weight `[n, k]`. Without autodiff
+    /// this is quantize then [`TernaryBackend::ternary_matmul`]; `Autodiff` adds the
+    /// straight-through backward.
+    fn bitlinear(x: FloatTensor<Self>, weight: FloatTensor<Self>, group: usize) -> FloatTensor<Self> {
+        let weight = Self::ternary_quantize(weight, group);
+        Self::ternary_matmul(x, weight)
+    }
+}
+
+crate::backend::reference_backends!(TernaryBackend);
+
+impl<B: Backend> TernaryWeight<B> {
+    /// Quantize a float weight `[n, k]` (`n` output features) with one absmean scale per
+    /// `group` output rows (`group = n`: BitNet's per-tensor scale).
+    ///
+    /// # Panics
+    /// If the weight is not float or `group` is not in `1..=n`.
+    pub fn quantize(weight: Tensor<B, 2>, group: usize) -> Self
+    where
+        B: TernaryBackend,
+    {
+        let [n, k] = weight.dims();
+        ensure_float("ternary::quantize", "weight", weight.dtype());
+        if let Err(e) = TernaryLayout::new(n, k, group) {
+            panic!("{e}");
+        }
+        B::ternary_quantize(prim(weight), group).map(Tensor::from_primitive, wrap)
+    }
+
+    /// Upload a host weight.
+    pub fn from_host(matrix: &TernaryMatrix, device: &B::Device) -> Self {
+        let words: Vec<i32> = matrix.words.iter().map(|&w| w as i32).collect();
+        TernaryParts {
+            words: Tensor::from_data(TensorData::new(words, [matrix.words.len()]), device),
+            scales: Tensor::from_data(TensorData::new(matrix.scales.clone(), [matrix.scales.len()]), (device, DType::F32)),
+            layout: matrix.layout,
+        }
+    }
+
+    /// Read the weight back to the host.
+    pub fn to_host(&self) -> TernaryMatrix {
+        let words = self.words.clone().into_data().convert::<i64>().into_vec::<i64>().expect("int words");
+        let scales = self.scales.clone().into_data().convert::<f32>().into_vec::<f32>().expect("f32 scales");
+        TernaryMatrix::from_words(words.into_iter().map(|w| w as u32).collect(), self.layout, scales).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The float weight `q / s` `[n, k]` in `dtype`.
+    pub fn dequantize(&self, dtype: DType) -> Tensor<B, 2>
+    where
+        B: TernaryBackend,
+    {
+        ensure_float("ternary::dequantize", "dtype", dtype);
+        wrap(B::ternary_dequantize(self.primitive(), dtype))
+    }
+
+    /// The backend primitives.
+    pub fn primitive(&self) -> TernaryPrimitive<B> {
+        self.clone().map(Tensor::into_primitive, prim)
+    }
+
+    /// The device the weight lives on.
+    pub fn device(&self) -> B::Device {
+        self.words.device()
+    }
+}
+
+/// Rows of `x [.., k]` as a `[rows, k]` primitive, after checking `x` against a weight `[n, k]`.
+fn rows_of<B: Backend, const D: usize>(op: &str, x: Tensor<B, D>, n: usize, k: usize) -> (FloatTensor<B>, [usize; D]) {
+    let dims = x.dims();
+    ensure(dims[D - 1] == k, op, || format!("x {dims:?} does not end in the weight's {k} input features (weight [{n}, {k}])"));
+    ensure(k <= MAX_K, op, || format!("{k} input features exceed the {MAX_K} whose integer sums stay exact"));
+    ensure_float(op, "x", x.dtype());
+    let rows = dims[..D - 1].iter().product::<usize>();
+    (B::float_reshape(prim(x), Shape::new([rows, k])), dims)
+}
+
+/// `[rows, n]` back to `x`'s leading dimensions.
+fn unrows<B: Backend, const D: usize>(y: FloatTensor<B>, mut dims: [usize; D], n: usize) -> Tensor<B, D> {
+    dims[D - 1] = n;
+    wrap(B::float_reshape(y, Shape::from(dims.to_vec())))
+}
+
+/// W2A8 `x · Wᵀ` for `x [.., k]` and a packed weight `[n, k]`: `[.., n]` in the dtype of `x`,
+/// each row of `x` quantized to int8 with its absmax scale. The weight is frozen: gradients reach
+/// `x` only (`dy · W̃`, straight through the activation quantizer).
+///
+/// # Panics
+/// If the last dimension of `x` is not `k`, `k` exceeds [`MAX_K`], or `x` is not float.
+pub fn ternary_matmul<B: TernaryBackend, const D: usize>(x: Tensor<B, D>, weight: &TernaryWeight<B>) -> Tensor<B, D> {
+    let l = weight.layout;
+    let (x, dims) = rows_of("ternary_matmul", x, l.n, l.k);
+    unrows(B::ternary_matmul(x, weight.primitive()), dims, l.n)
+}
+
+/// Quantization-aware BitNet product for training: `x [.., k]` and a latent float weight
+/// `[n, k]` are quantized (absmean ternary with one scale per `group` output rows; int8 per row)
+/// and multiplied as [`ternary_matmul`] does. Gradients pass straight through both quantizers:
+/// `dx = dy · W̃`, `dW = dyᵀ · x̃` (BitNet's straight-through estimator).
+///
+/// # Panics
+/// On mismatched shapes, a `group` outside `1..=n`, or non-float inputs.
+pub fn bitlinear<B: TernaryBackend, const D: usize>(x: Tensor<B, D>, weight: Tensor<B, 2>, group: usize) -> Tensor<B, D> {
+    let [n, k] = weight.dims();
+    ensure_float("bitlinear", "weight", weight.dtype());
+    ensure(x.dtype() == weight.dtype(), "bitlinear", || format!("x has dtype {:?}, the weight {:?}", x.dtype(), weight.dtype()));
+    if let Err(e) = TernaryLayout::new(n, k, group) {
+        panic!("kiln::bitlinear: {}", e.0);
+    }
+    let (x, dims) = rows_of("bitlinear", x, n, k);
+    unrows(B::bitlinear(x, prim(weight), group), dims, n)
+}
+
+/// Activations `[m, k]` quantized per row: the int8 codes (as floats in the dtype of `x`) and the
+/// f32 scales `[m]` (`x ≈ q / s`).
+pub fn quantize_acts<B: TernaryBackend>(x: Tensor<B, 2>) -> (Tensor<B, 2>, Tensor<B, 1>) {
+    ensure_float("ternary::quantize_acts", "x", x.dtype());
+    let (codes, scales) = B::ternary_quantize_acts(prim(x));
+    (wrap(codes), wrap(scales))
+}
