@@ -33,13 +33,13 @@ fn reference_agrees_with_host_format_on_ndarray() {
 #[test]
 fn straight_through_gradients_on_wgpu() {
     let Some(device) = common::wgpu_device() else { return };
-    check_gradients::<Autodiff<burn::backend::Wgpu>>(&device, DType::F32, &GRAD_SHAPES);
-    check_gradients::<Autodiff<burn::backend::Wgpu>>(&device, DType::F16, &GRAD_SHAPES[..2]);
+    check_gradients::<Autodiff<burn::backend::Wgpu>>(&device, DType::F32, 0.0, &GRAD_SHAPES);
+    check_gradients::<Autodiff<burn::backend::Wgpu>>(&device, DType::F16, 0.0, &GRAD_SHAPES[..2]);
 }
 
 #[test]
 fn straight_through_gradients_on_ndarray() {
-    check_gradients::<Autodiff<NdArray>>(&Default::default(), DType::F32, &GRAD_SHAPES);
+    check_gradients::<Autodiff<NdArray>>(&Default::default(), DType::F32, 0.0, &GRAD_SHAPES);
 }
 
 /// A teacher with ternary weights and a student `BitLinear` (no input norm) starting from noise:

@@ -33,7 +33,9 @@ pub fn parity(device: &CudaDevice) -> bool {
         ok &= pass;
         let start = Instant::now();
         let grads = [shape(64, 512, 1000, 512), shape(5, 96, 4096, 1)];
-        let pass = std::panic::catch_unwind(|| check_gradients::<Autodiff<B>>(device, dtype, &grads)).is_ok();
+        // kiln's f32 products run on the tensor cores in TF32 (`ops::matmul`).
+        let tf32 = if dtype == DType::F32 { 2f64.powi(-11) } else { 0.0 };
+        let pass = std::panic::catch_unwind(|| check_gradients::<Autodiff<B>>(device, dtype, tf32, &grads)).is_ok();
         println!("parity ternary straight-through gradients {dtype:?}: {} ({:.1} s)", verdict(pass), start.elapsed().as_secs_f64());
         ok &= pass;
     }
@@ -56,24 +58,27 @@ fn weight<BK: Backend<Device = CudaDevice> + ops::ternary::TernaryBackend>(n: us
 /// `CubeBackend`, calls queued behind busy work; activation quantization included), next to
 /// kiln's bf16 product of the same shape.
 pub fn bench_gemv(device: &CudaDevice) {
-    for (n, k) in GEMV {
+    // `KILN_TERNARY_SHAPES=20480x3200,..` picks shapes (`n`x`k`), for profiling.
+    let only = std::env::var("KILN_TERNARY_SHAPES").ok();
+    for (n, k) in GEMV.into_iter().filter(|(n, k)| only.as_deref().is_none_or(|o| o.split(',').any(|s| s == format!("{n}x{k}")))) {
         let (w, wc) = (weight::<B>(n, k, device), weight::<Cube>(n, k, device));
         let (dense, dense_c) = (bf16::<B, 2>([k, n], device), bf16::<Cube, 2>([k, n], device));
         for m in [1, 8] {
             let (x, xc) = (bf16::<B, 2>([m, k], device), bf16::<Cube, 2>([m, k], device));
             let per_call = super::time_adaptive(device, 0.05, 2000, || ops::ternary_matmul(x.clone(), &w));
-            let (gpu, _) = super::gpu_time_per_call::<Cube, _>(device, 300, || ops::ternary_matmul(xc.clone(), &wc));
+            let (gpu, enqueue) = super::gpu_time_per_call::<Cube, _>(device, 300, || ops::ternary_matmul(xc.clone(), &wc));
             let bf_call = super::time_adaptive(device, 0.05, 2000, || ops::matmul(x.clone(), dense.clone()));
             let (bf_gpu, _) = super::gpu_time_per_call::<Cube, _>(device, 300, || ops::matmul(xc.clone(), dense_c.clone()));
             let packed = w.layout.bytes() as f64 + (2 * m * (k + n) + m * k) as f64;
             let dense_bytes = 2.0 * (k * n + m * (k + n)) as f64;
             println!(
-                "bench ternary gemv m{m} n{n:<6} k{k:<6} kiln W2A8: {:7.1} us/call, GPU {:6.1} us ({:5.0} GB/s, {:4.1}% of HBM on {:.1} MB packed) | kiln bf16: {:7.1} us/call, GPU {:6.1} us ({:5.0} GB/s) | W2A8/bf16 GPU speedup {:.2}x",
+                "bench ternary gemv m{m} n{n:<6} k{k:<6} kiln W2A8: {:7.1} us/call, GPU {:6.1} us ({:5.0} GB/s, {:4.1}% of HBM on {:.1} MB packed; {:.1} us/call to enqueue) | kiln bf16: {:7.1} us/call, GPU {:6.1} us ({:5.0} GB/s) | W2A8/bf16 GPU speedup {:.2}x",
                 per_call * 1e6,
                 gpu * 1e6,
                 packed / gpu / 1e9,
                 100.0 * packed / gpu / HBM,
                 packed / 1e6,
+                enqueue / 300.0 * 1e6,
                 bf_call * 1e6,
                 bf_gpu * 1e6,
                 dense_bytes / bf_gpu / 1e9,

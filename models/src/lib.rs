@@ -28,6 +28,7 @@ pub mod train;
 pub use config::{DecoderConfig, Family};
 pub use error::{LoadError, Result};
 pub use model::build::{LinearShape, LoadOptions, MakeLinear, MapFloat, build_with, load, load_made, load_with};
+pub use model::bitnet::{BitNetDecoder, BitNetOptions, TernaryDecoder, pack_ternary, to_bitnet};
 pub use model::nf4::{Nf4Decoder, Nf4Maker, Nf4Options, load_nf4};
 pub use generation::{GenerationConfig, SamplingConfig};
 pub use model::{Decoder, DecoderCache, FloatDecoder, Projection};

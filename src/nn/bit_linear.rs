@@ -69,9 +69,10 @@ impl<B: TernaryBackend + RmsNormBackend> BitLinear<B> {
         let [i, o] = linear.weight.shape().dims();
         assert!(config.d_input == i && config.d_output == o, "kiln::BitLinear::from_linear: config [{}, {}] for a linear [{i}, {o}]", config.d_input, config.d_output);
         let device = linear.weight.device();
+        // A new leaf: the transposed weight (the float layer's parameter stays the float layer's).
         BitLinear {
-            weight: Param::from_tensor(linear.weight.val().transpose()),
-            bias: linear.bias.as_ref().map(|b| Param::from_tensor(b.val())),
+            weight: Param::from_tensor(linear.weight.val().transpose().detach()),
+            bias: linear.bias.clone(),
             norm: config.norm(&device),
             group: config.group_rows(),
         }

@@ -126,9 +126,10 @@ fn transpose(a: &[f64], r: usize, c: usize) -> Vec<f64> {
 
 /// [`bitlinear`]'s straight-through gradients (`dx = r · W̃`, `dW = rᵀ · x̃` for the loss
 /// `Σ y · r`) and [`ternary_matmul`]'s input gradient, against f64 products of the host's
-/// quantized values (the device's scales).
-pub fn check_gradients<B: KilnBackend + AutodiffBackend>(device: &B::Device, dtype: DType, shapes: &[Shape]) {
-    let u = unit_roundoff(dtype);
+/// quantized values (the device's scales). `input_roundoff` is the unit roundoff the products'
+/// inputs are rounded to: the dtype's, or TF32's (2⁻¹¹) where f32 products run on tensor cores.
+pub fn check_gradients<B: KilnBackend + AutodiffBackend>(device: &B::Device, dtype: DType, input_roundoff: f64, shapes: &[Shape]) {
+    let u = input_roundoff.max(unit_roundoff(dtype));
     for (i, s) in shapes.iter().enumerate() {
         let ctx = format!("{s:?} {dtype:?} gradients");
         let seed = 500 + 10 * i as u64;

@@ -21,14 +21,20 @@ pub enum OutKind {
     Bf16 = 2,
 }
 
-/// Threads sharing a weight row and output features per thread for rows of `kv` 16-byte
-/// vectors: about two vectors per thread along the row, at most a warp; two features per thread
-/// (each activation load serves both) unless there are few features.
-fn tiling(n: usize, kv: usize) -> (usize, usize) {
+/// Threads sharing a weight row and output features per thread for `rows` activation rows and
+/// weight rows of `kv` 16-byte vectors: about two vectors per thread along the row, at most a
+/// warp. Each activation load serves a thread's features, so more rows take more features (H100:
+/// four features cut 8 rows at 8192 → 28672 from 140 to 102 µs; one row keeps two where `n`
+/// leaves enough threads, `benches/RESULTS.md`).
+fn tiling(rows: usize, n: usize, kv: usize) -> (usize, usize) {
     let threads = kv.div_ceil(2).next_power_of_two().clamp(4, 32);
     let threads = crate::measurement_override("KILN_TERNARY_GEMV_THREADS", 1..=32).filter(|t| t.is_power_of_two()).unwrap_or(threads);
-    let features = crate::measurement_override("KILN_TERNARY_GEMV_FEATURES", 1..=8).unwrap_or(if n >= 4096 { 2 } else { 1 });
-    (threads, features)
+    let features = match rows {
+        1 if n < 4096 => 1,
+        1 => 2,
+        _ => 4,
+    };
+    (threads, crate::measurement_override("KILN_TERNARY_GEMV_FEATURES", 1..=8).unwrap_or(features))
 }
 
 fn source(params: &[u32]) -> String {
@@ -52,7 +58,7 @@ pub struct GemvArgs {
 pub fn launch_gemv(client: &ComputeClient<CudaRuntime>, out_kind: OutKind, rows: usize, n: usize, k: usize, group: usize, args: GemvArgs) {
     assert!((1..=GEMV_MAX_ROWS).contains(&rows) && k <= MAX_K && n < u32::MAX as usize, "kiln ternary dp4a gemv: {rows} rows, [{n}, {k}]");
     let kv = k.div_ceil(ROW_GRANULE);
-    let (threads, features) = tiling(n, kv);
+    let (threads, features) = tiling(rows, n, kv);
     let params = [rows, threads, features, out_kind as usize].map(|p| p as u32);
     let kernel = CudaSourceKernel {
         entry: "kiln_ternary_gemv",

@@ -54,7 +54,7 @@ extern "C" __global__ void __launch_bounds__(256) kiln_ternary_gemv(
         const uint4* wrow[KILN_FPT];
 #pragma unroll
         for (int f = 0; f < KILN_FPT; ++f) wrow[f] = w + (size_t)(f0 + f < p.n ? f0 + f : p.n - 1) * p.kv;
-#pragma unroll 2
+#pragma unroll 4
         for (unsigned v = lane; v < p.kv; v += KILN_T) {
             uint4 wv[KILN_FPT];
 #pragma unroll

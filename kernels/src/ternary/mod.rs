@@ -181,6 +181,36 @@ fn dequantize_kernel<F: Float>(
     }
 }
 
+/// One unit per packed weight word: its sixteen codes as int8 `w` (four words of four bytes, the
+/// row-major `[n, padded k]` i8 matrix an integer GEMM reads). Bytes `c + 0x7f` never borrow
+/// across bytes (`c ≤ 2`), and flipping their top bit leaves `c − 1`.
+#[cube(launch_unchecked)]
+fn unpack_i8_kernel(words: &Array<u32>, out: &mut Array<u32>, total_words: usize) {
+    let w = ABSOLUTE_POS;
+    if w >= total_words {
+        terminate!();
+    }
+    let word = words[w];
+    #[unroll]
+    for j in 0..4u32 {
+        let codes = (word >> (2 * j)) & 0x0303_0303u32;
+        out[w * 4 + j as usize] = ((codes | 0x8080_8080u32) - 0x0101_0101u32) ^ 0x8080_8080u32;
+    }
+}
+
+/// One unit per output: `acc / (s_x[row] · s_w[col / group])` in `F`.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn rescale_kernel<F: Float>(acc: &Array<i32>, x_scales: &Array<f32>, w_scales: &Array<f32>, out: &mut Array<F>, n: usize, group: usize, len: usize, #[define(F)] _dtype: StorageType) {
+    let i = ABSOLUTE_POS;
+    if i >= len {
+        terminate!();
+    }
+    let row = i / n;
+    let col = i % n;
+    out[i] = F::cast_from(f32::cast_from(acc[i]) / (x_scales[row] * w_scales[col / group]));
+}
+
 /// Sign-extended byte `b` (0..4) of `word`.
 #[cube]
 fn signed_byte(word: u32, #[comptime] b: u32) -> i32 {
@@ -268,9 +298,12 @@ pub fn launch_quantize_weight<R: Runtime>(
     unsafe { quantize_weight_kernel::launch_unchecked::<R>(client, count, dim, weight, scales, words, k, row_words, group, total_words, dtype) }
 }
 
-/// One row per cube, up to 256 units striding over it.
+/// One row per cube, up to 256 units striding over it. A single row (decoding) is one cube whose
+/// time is latency, not bandwidth: 5 µs on the H100 for a row of 3200 at 256 units, 6.2 µs at
+/// 1024 (`benches/RESULTS.md`, twenty-third session); fusing it into the GEMV is the way down.
 fn act_layout<R: Runtime>(client: &ComputeClient<R>) -> RowLayout {
-    let max_units = (client.properties().hardware.max_units_per_cube as usize).min(256);
+    let hardware = &client.properties().hardware;
+    let max_units = (hardware.max_units_per_cube as usize).min(hardware.max_cube_dim.0 as usize).min(256);
     RowLayout { units_per_row: prev_power_of_two(max_units.max(1)), rows_per_cube: 1, vectors_per_unit: 1, plane_size: plane_size_for_reduction(client) }
 }
 
@@ -364,4 +397,31 @@ pub fn launch_gemv<R: Runtime>(
             dtype,
         )
     }
+}
+
+/// The packed weight's codes as an int8 matrix `[n, padded k]` in `out` (`4 · total_words` words).
+pub fn launch_unpack_i8<R: Runtime>(client: &ComputeClient<R>, total_words: usize, words: ArrayArg<R>, out: ArrayArg<R>) {
+    let (count, dim) = crate::row::elementwise_geometry(client, total_words);
+    // SAFETY: `words` has `total_words` words and `out` four times as many; units past the end exit.
+    unsafe { unpack_i8_kernel::launch_unchecked::<R>(client, count, dim, words, out, total_words) }
+}
+
+/// `out [m, n] = acc / (s_x · s_w)` in `dtype` from integer sums `acc [m, n]`.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_rescale<R: Runtime>(
+    client: &ComputeClient<R>,
+    dtype: StorageType,
+    m: usize,
+    n: usize,
+    group: usize,
+    acc: ArrayArg<R>,
+    x_scales: ArrayArg<R>,
+    w_scales: ArrayArg<R>,
+    out: ArrayArg<R>,
+) {
+    let len = m * n;
+    let (count, dim) = crate::row::elementwise_geometry(client, len);
+    // SAFETY: `acc` and `out` hold `m · n` values, the scales `m` and one per group; units past
+    // the end exit.
+    unsafe { rescale_kernel::launch_unchecked::<R>(client, count, dim, acc, x_scales, w_scales, out, n, group, len, dtype) }
 }

@@ -17,6 +17,7 @@
 
 mod decoder;
 pub mod quant;
+pub mod ternary;
 mod value;
 mod vocab;
 

@@ -14,6 +14,7 @@
 //!   `y = (d * sc) * q - (dmin * m)`.
 //! - `Q6_K`, 256 values in 210 bytes: `ql: [u8; 128]` (low 4 bits), `qh: [u8; 64]` (high 2 bits),
 //!   `scales: [i8; 16]`, `d: f16`; `y = (d * sc) * (q - 32)`, layout in `dequantize_q6_k`.
+//! - `TQ1_0`, `TQ2_0` (ternary, `y = (t − 1) * d`): layouts in `super::ternary`.
 //! - `BF16`: the upper half of an f32; `F16`: IEEE half; `F32`.
 
 use half::f16;
@@ -142,6 +143,8 @@ impl GgmlType {
                 | GgmlType::Q8_0
                 | GgmlType::Q4_K
                 | GgmlType::Q6_K
+                | GgmlType::TQ1_0
+                | GgmlType::TQ2_0
         )
     }
 }
@@ -237,7 +240,7 @@ fn dequantize_q6_k(data: &[u8], out: &mut Vec<f32>) {
 pub fn dequantize(ty: GgmlType, data: &[u8]) -> Result<Vec<f32>, String> {
     if !ty.can_dequantize() {
         return Err(format!(
-            "dequantization of ggml type {ty} is not supported (F32, F16, BF16, Q4_0, Q8_0, Q4_K, Q6_K are)"
+            "dequantization of ggml type {ty} is not supported (F32, F16, BF16, Q4_0, Q8_0, Q4_K, Q6_K, TQ1_0, TQ2_0 are)"
         ));
     }
     let (block, size) = (ty.block_size(), ty.type_size());
@@ -256,6 +259,10 @@ pub fn dequantize(ty: GgmlType, data: &[u8]) -> Result<Vec<f32>, String> {
         GgmlType::Q8_0 => dequantize_q8_0(data, &mut out),
         GgmlType::Q4_K => dequantize_q4_k(data, &mut out),
         GgmlType::Q6_K => dequantize_q6_k(data, &mut out),
+        GgmlType::TQ1_0 | GgmlType::TQ2_0 => {
+            let (codes, scales) = super::ternary::decode(ty, data)?;
+            out.extend(codes.iter().enumerate().map(|(i, &t)| (t as f32 - 1.0) * scales[i / QK_K]));
+        }
         _ => unreachable!("checked by can_dequantize"),
     }
     debug_assert_eq!(out.len(), n);

@@ -2,6 +2,7 @@
 //! [`projection`]), built from any [`ParamSource`](crate::loader::ParamSource).
 
 mod attention;
+pub mod bitnet;
 pub mod build;
 mod mask;
 pub mod nf4;

@@ -155,6 +155,9 @@ fn skinny<R: CubeRuntime>(
 }
 
 #[cfg(feature = "cuda")]
+pub(crate) use cuda::gemm_i8;
+
+#[cfg(feature = "cuda")]
 mod cuda {
     use burn::tensor::{Shape, TensorMetadata};
     use burn_cubecl::{CubeRuntime, tensor::CubeTensor};
@@ -212,6 +215,18 @@ mod cuda {
             Ok(true) => Some(out),
             Ok(false) => None,
             Err(e) => panic!("kiln::matmul: cuBLASLt failed for lhs {:?} rhs {:?} ({:?}): {e}", lhs.shape().as_slice(), rhs.shape().as_slice(), lhs.dtype),
+        }
+    }
+
+    /// `out [m, n] (i32) = lhs [m, k] · rhs [n, k]ᵀ` for dense row-major i8 operands, on cuBLASLt's
+    /// integer tensor-core kernels (the `TN` layout they need); `false` where cuBLASLt cannot run
+    /// it (nothing enqueued).
+    pub(crate) fn gemm_i8<R: CubeRuntime>(lhs: &CubeTensor<R>, rhs: &CubeTensor<R>, out: &CubeTensor<R>) -> bool {
+        let Some(index) = crate::backend::cube::cuda::device_index(lhs) else { return false };
+        let args = cublaslt::GemmArgs { lhs, rhs, bias: None, residual: None, out, layout: GemmLayout::new(false, true), scale: 1.0 };
+        match cublaslt::gemm(&args, index) {
+            Ok(ran) => ran,
+            Err(e) => panic!("kiln::ternary_matmul: cuBLASLt's i8 product failed for {:?} · {:?}ᵀ: {e}", lhs.shape().as_slice(), rhs.shape().as_slice()),
         }
     }
 }

@@ -50,6 +50,7 @@ impl Operand {
 /// Everything a cached cuBLASLt plan depends on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct PlanKey {
+    /// The operands' dtype (`I8`: i8 inputs, i32 output and accumulation).
     dtype: DType,
     layout: GemmLayout,
     batch: usize,
@@ -213,8 +214,19 @@ fn data_type(dtype: DType) -> Option<sys::cudaDataType> {
         DType::F32 => Some(sys::cudaDataType::CUDA_R_32F),
         DType::F16 => Some(sys::cudaDataType::CUDA_R_16F),
         DType::BF16 => Some(sys::cudaDataType::CUDA_R_16BF),
+        DType::I8 => Some(sys::cudaDataType::CUDA_R_8I),
         _ => None,
     }
+}
+
+/// The output's dtype for operands of `dtype`: the same for floats, i32 for i8.
+fn out_dtype(dtype: DType) -> DType {
+    if dtype == DType::I8 { DType::I32 } else { dtype }
+}
+
+/// The type of alpha and beta: i32 for integer products, else f32.
+fn scale_type(dtype: DType) -> sys::cudaDataType {
+    if dtype == DType::I8 { sys::cudaDataType::CUDA_R_32I } else { sys::cudaDataType::CUDA_R_32F }
 }
 
 /// f32 products run on the tensor cores in TF32 (as PyTorch's `allow_tf32` / Burn's own CUDA
@@ -223,6 +235,7 @@ fn compute_type(dtype: DType) -> sys::cublasComputeType_t {
     let tf32 = !std::env::var("KILN_GEMM_TF32").is_ok_and(|v| v == "0");
     match dtype {
         DType::F32 if tf32 => sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
+        DType::I8 => sys::cublasComputeType_t::CUBLAS_COMPUTE_32I,
         _ => sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
     }
 }
@@ -273,7 +286,8 @@ fn build_plan(handle: sys::cublasLtHandle_t, key: &PlanKey, workspace_size: usiz
     use sys::cublasLtMatmulDescAttributes_t as D;
     use sys::cublasLtMatmulPreferenceAttributes_t as P;
     let dt = data_type(key.dtype).ok_or("unsupported dtype")?;
-    let desc = lt::create_matmul_desc(compute_type(key.dtype), sys::cudaDataType::CUDA_R_32F).map_err(err)?;
+    let dt_out = data_type(out_dtype(key.dtype)).unwrap_or(sys::cudaDataType::CUDA_R_32I);
+    let desc = lt::create_matmul_desc(compute_type(key.dtype), scale_type(key.dtype)).map_err(err)?;
     // cublasOperation_t (defined in cuBLAS proper, not cuBLASLt): CUBLAS_OP_N = 0, CUBLAS_OP_T = 1.
     let op = |t: bool| i32::from(t);
     let epilogue = if key.bias { sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS } else { sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT };
@@ -289,7 +303,7 @@ fn build_plan(handle: sys::cublasLtHandle_t, key: &PlanKey, workspace_size: usiz
                 set_desc(desc, D::CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms)?;
             }
         }
-        for operand in [&key.rhs, &key.lhs, &key.out] {
+        for (operand, dt) in [(&key.rhs, dt), (&key.lhs, dt), (&key.out, dt_out)] {
             layouts.push(layout(dt, operand, key.batch)?);
         }
         let pref = lt::create_matmul_pref().map_err(err)?;
@@ -393,8 +407,10 @@ fn pointer(client: &ComputeClient<CudaRuntime>, t: &CubeTensor<impl CubeRuntime>
     Ok(resource.resource().ptr)
 }
 
-fn alignment(ptrs: &[u64], elem: usize, op: &[Operand]) -> u32 {
-    let strides = op.iter().flat_map(|o| [o.row_stride, o.batch_stride]).map(|s| (s * elem) as u64);
+/// The largest power-of-two byte alignment (≤ 256) of every pointer and of every operand's
+/// strides (each operand with its element size).
+fn alignment(ptrs: &[u64], ops: &[(Operand, usize)]) -> u32 {
+    let strides = ops.iter().flat_map(|(o, elem)| [o.row_stride * elem, o.batch_stride * elem]).map(|s| s as u64);
     let all = ptrs.iter().copied().chain(strides).fold(0u64, |acc, v| acc | v);
     if all == 0 { 256 } else { (1u64 << all.trailing_zeros()).min(256) as u32 }
 }
@@ -419,7 +435,8 @@ pub(crate) fn gemm<R: CubeRuntime>(args: &GemmArgs<'_, R>, device_index: usize) 
     let Some(client) = (&args.out.client as &dyn std::any::Any).downcast_ref::<ComputeClient<CudaRuntime>>() else {
         return Ok(false);
     };
-    if data_type(args.out.dtype).is_none() {
+    let dtype = args.lhs.dtype;
+    if data_type(dtype).is_none() || args.rhs.dtype != dtype || args.out.dtype != out_dtype(dtype) {
         return Ok(false);
     }
     Engine::with(client, device_index, |engine| run(engine, client, args)).unwrap_or(Ok(false))
@@ -433,13 +450,19 @@ fn run<R: CubeRuntime>(engine: &mut Engine, client: &ComputeClient<CudaRuntime>,
     if residual_op.is_some_and(|r| r != out) || (a.bias.is_some() && a.scale != 1.0) {
         return Ok(false);
     }
+    // Integer products: no epilogue, no scale (alpha is an i32).
+    let dtype = a.lhs.dtype;
+    if dtype == DType::I8 && (a.bias.is_some() || a.residual.is_some() || a.scale != 1.0) {
+        return Ok(false);
+    }
     let ptr = |t: &CubeTensor<R>| pointer(client, t);
     let (p_lhs, p_rhs, p_out) = (ptr(a.lhs)?, ptr(a.rhs)?, ptr(a.out)?);
     let p_bias = a.bias.map(ptr).transpose()?;
     let p_residual = a.residual.map(ptr).transpose()?;
     let pointers: Vec<u64> = [Some(p_lhs), Some(p_rhs), Some(p_out), p_bias, p_residual].into_iter().flatten().collect();
+    let (elem, out_elem) = (dtype.size(), a.out.dtype.size());
     let key = PlanKey {
-        dtype: a.out.dtype,
+        dtype,
         layout: a.layout,
         batch: a.out.meta.shape()[0],
         lhs,
@@ -447,7 +470,7 @@ fn run<R: CubeRuntime>(engine: &mut Engine, client: &ComputeClient<CudaRuntime>,
         out,
         bias: a.bias.is_some(),
         residual: a.residual.is_some(),
-        alignment: alignment(&pointers, a.out.dtype.size(), &[lhs, rhs, out]),
+        alignment: alignment(&pointers, &[(lhs, elem), (rhs, elem), (out, out_elem)]),
     };
     let handle = engine.handle;
     let Ok((plan, candidates)) = engine.plan(key) else { return Ok(false) };
@@ -456,6 +479,12 @@ fn run<R: CubeRuntime>(engine: &mut Engine, client: &ComputeClient<CudaRuntime>,
         unsafe { set_desc(plan.desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias)? };
     }
     let (alpha, beta) = (a.scale, if a.residual.is_some() { 1f32 } else { 0f32 });
+    let (alpha_int, beta_int) = (1i32, 0i32);
+    let (alpha_ptr, beta_ptr) = if dtype == DType::I8 {
+        (&alpha_int as *const i32 as *const c_void, &beta_int as *const i32 as *const c_void)
+    } else {
+        (&alpha as *const f32 as *const c_void, &beta as *const f32 as *const c_void)
+    };
     let c = p_residual.unwrap_or(p_out);
     let launch = |lane: Lane, algo: &Algo| unsafe {
         // SAFETY: every pointer is a live CubeCL allocation of the shape its layout describes, kept
@@ -463,8 +492,8 @@ fn run<R: CubeRuntime>(engine: &mut Engine, client: &ComputeClient<CudaRuntime>,
         lt::matmul(
             handle,
             plan.desc,
-            &alpha as *const f32 as *const c_void,
-            &beta as *const f32 as *const c_void,
+            alpha_ptr,
+            beta_ptr,
             p_rhs as *const c_void,
             plan.layouts[0],
             p_lhs as *const c_void,

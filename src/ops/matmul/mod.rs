@@ -18,6 +18,8 @@ mod stream_order;
 pub use cublaslt::{cublaslt_stream_order, cublaslt_synchronize};
 #[cfg(feature = "cuda")]
 pub use stream_order::StreamOrder;
+#[cfg(feature = "cuda")]
+pub(crate) use cube::gemm_i8;
 
 use burn::tensor::{Shape, Tensor, backend::Backend, ops::FloatTensor};
 

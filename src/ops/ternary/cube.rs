@@ -55,6 +55,10 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> TernaryBac
         if (1..=GEMV_MAX_ROWS).contains(&m) {
             return gemv::<R>(x, &weight);
         }
+        #[cfg(feature = "cuda")]
+        if let Some(y) = int8::matmul(&x, &weight) {
+            return y;
+        }
         // Codes in x's dtype (exact: |q| ≤ 128), their integer sums by the GEMM, then the scales.
         let l = weight.layout;
         let (codes, sx) = Self::ternary_quantize_acts(x.clone());
@@ -149,6 +153,57 @@ fn gemv<R: CubeRuntime>(x: CubeTensor<R>, weight: &Weight<R>) -> CubeTensor<R> {
         out.clone().into_array_arg(),
     );
     out
+}
+
+/// Products of more rows on the integer tensor cores: the activations' packed int8 codes and the
+/// weight's codes unpacked to int8 (a temporary of one byte a weight) through cuBLASLt's i8 GEMM
+/// (exact i32 sums), then one kernel applies the scales.
+#[cfg(feature = "cuda")]
+mod int8 {
+    use burn::tensor::{DType, Shape};
+    use burn_cubecl::{CubeRuntime, tensor::CubeTensor};
+    use kiln_kernels::ternary::{ActCodes, launch_quantize_acts, launch_rescale, launch_unpack_i8};
+
+    use super::{Weight, dims};
+    use crate::backend::cube::{empty_like_device, storage};
+    use crate::ops::matmul::gemm_i8;
+    use crate::ops::ternary::format::act_row_words;
+
+    /// `words` (i32 words holding four int8 codes each) seen as a `[1, rows, cols]` i8 matrix.
+    fn as_i8<R: CubeRuntime>(words: &CubeTensor<R>, rows: usize, cols: usize) -> CubeTensor<R> {
+        CubeTensor::new_contiguous(words.client.clone(), words.device.clone(), Shape::new([1, rows, cols]), words.handle.clone(), DType::I8)
+    }
+
+    pub(super) fn matmul<R: CubeRuntime>(x: &CubeTensor<R>, weight: &Weight<R>) -> Option<CubeTensor<R>> {
+        crate::backend::cube::cuda::client(x)?;
+        let [m, k] = dims(x);
+        let l = weight.layout;
+        let padded = l.padded_k();
+        let client = x.client.clone();
+        let words = empty_like_device(x, [m * act_row_words(k)], DType::I32);
+        let (scales, sums) = (empty_like_device(x, [m], DType::F32), empty_like_device(x, [m], DType::F32));
+        let codes = ActCodes::Packed { words: words.clone().into_array_arg(), sums: sums.into_array_arg() };
+        launch_quantize_acts(&client, storage(x), m, k, x.clone().into_array_arg(), scales.clone().into_array_arg(), codes);
+        let w8 = empty_like_device(x, [l.n * padded / 4], DType::I32);
+        launch_unpack_i8(&client, l.words(), weight.words.clone().into_array_arg(), w8.clone().into_array_arg());
+        let acc = empty_like_device(x, [1, m, l.n], DType::I32);
+        if !gemm_i8(&as_i8(&words, m, padded), &as_i8(&w8, l.n, padded), &acc) {
+            return None;
+        }
+        let out = empty_like_device(x, [m, l.n], x.dtype);
+        launch_rescale(
+            &client,
+            storage(&out),
+            m,
+            l.n,
+            l.group,
+            acc.into_array_arg(),
+            scales.into_array_arg(),
+            weight.scales.clone().into_array_arg(),
+            out.clone().into_array_arg(),
+        );
+        Some(out)
+    }
 }
 
 #[cfg(feature = "cuda")]
