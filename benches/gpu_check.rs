@@ -356,6 +356,28 @@ fn time_adaptive<T>(device: &CudaDevice, target: f64, max_iters: usize, mut f: i
     time_samples(device, 0, 3, iters, f)
 }
 
+/// A bf16 tensor of N(0, 1) values.
+fn bf16<BK: Backend<Device = CudaDevice>, const D: usize>(shape: [usize; D], device: &CudaDevice) -> Tensor<BK, D> {
+    Tensor::<BK, D>::random(shape, Distribution::Normal(0.0, 1.0), device).cast(DType::BF16)
+}
+
+/// One product timed both ways: per call through Burn's fusion (`fused`, on `B`) and the GPU's
+/// own time per call on `CubeBackend` (`cube`), with the host's time to enqueue one call there
+/// (the GPU figure holds while that stays below it).
+struct Timed {
+    per_call: f64,
+    gpu: f64,
+    enqueue: f64,
+}
+
+fn time_both<T, U>(device: &CudaDevice, fused: impl FnMut() -> T, cube: impl FnMut() -> U) -> Timed {
+    type Cube = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
+    const CALLS: usize = 300;
+    let per_call = time_adaptive(device, 0.05, 2000, fused);
+    let (gpu, enqueue) = gpu_time_per_call::<Cube, _>(device, CALLS, cube);
+    Timed { per_call, gpu, enqueue: enqueue / CALLS as f64 }
+}
+
 /// The GPU's own time per call of `f`, where the host is slower than the GPU at small sizes:
 /// `calls` calls enqueued behind ~40 ms of CubeCL work (a chain of 8192² bf16 matmuls, timed
 /// alone first), and the drain timed; median of three. Also returns the host time to enqueue

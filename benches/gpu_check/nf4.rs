@@ -12,7 +12,7 @@ use cubecl::cuda::CudaRuntime;
 use kiln::ops::{self, nf4::{Packed4, QuantType, Quantized4}};
 
 use super::common::checks::Nf4Case;
-use super::B;
+use super::{B, bf16};
 
 type Cube = CubeBackend<CudaRuntime, f32, i32, u8>;
 
@@ -69,9 +69,6 @@ fn weight<BK: burn::tensor::backend::Backend<Device = CudaDevice> + ops::nf4::Nf
     Quantized4::quantize(w, QuantType::Nf4, 64, nested)
 }
 
-fn bf16<BK: burn::tensor::backend::Backend<Device = CudaDevice>, const D: usize>(shape: [usize; D], device: &CudaDevice) -> Tensor<BK, D> {
-    Tensor::<BK, D>::random(shape, Distribution::Normal(0.0, 1.0), device).cast(DType::BF16)
-}
 
 /// GEMV (1, 4 and 8 rows; 8 takes dequantize + GEMM; `KILN_NF4_ROWS=1,4` picks): per-call time through Burn (fusion) and the GPU's own time (on
 /// `CubeBackend`, calls enqueued behind busy work), bytes of the 4-bit weight read per product,
@@ -85,23 +82,21 @@ pub fn bench_gemv(device: &CudaDevice) {
         let rows: Vec<usize> = std::env::var("KILN_NF4_ROWS").map(|v| v.split(',').filter_map(|r| r.parse().ok()).collect()).unwrap_or_else(|_| vec![1, 4, 8]);
         for &m in &rows {
             let (x, xc) = (bf16::<B, 2>([m, k], device), bf16::<Cube, 2>([m, k], device));
-            let per_call = super::time_adaptive(device, 0.05, 2000, || ops::matmul_4bit(x.clone(), &w));
-            let (gpu, enqueue) = super::gpu_time_per_call::<Cube, _>(device, 300, || ops::matmul_4bit(xc.clone(), &wc));
-            let bf_call = super::time_adaptive(device, 0.05, 2000, || ops::matmul(x.clone(), dense.clone()));
-            let (bf_gpu, _) = super::gpu_time_per_call::<Cube, _>(device, 300, || ops::matmul(xc.clone(), dense_c.clone()));
+            let nf4 = super::time_both(device, || ops::matmul_4bit(x.clone(), &w), || ops::matmul_4bit(xc.clone(), &wc));
+            let dense16 = super::time_both(device, || ops::matmul(x.clone(), dense.clone()), || ops::matmul(xc.clone(), dense_c.clone()));
             let packed = w.bytes() as f64 + 2.0 * (m * (k + n)) as f64;
             let dense_bytes = 2.0 * (k * n + m * (k + n)) as f64;
             println!(
                 "bench nf4 gemv m{m} k{k:<6} n{n:<6} kiln nf4: {:7.1} us/call, GPU {:6.1} us ({:5.0} GB/s of {:.1} MB packed; {:.1} us/call to enqueue) | kiln bf16: {:7.1} us/call, GPU {:6.1} us ({:5.0} GB/s) | nf4/bf16 GPU speedup {:.2}x",
-                per_call * 1e6,
-                gpu * 1e6,
-                packed / gpu / 1e9,
+                nf4.per_call * 1e6,
+                nf4.gpu * 1e6,
+                packed / nf4.gpu / 1e9,
                 packed / 1e6,
-                enqueue / 300.0 * 1e6,
-                bf_call * 1e6,
-                bf_gpu * 1e6,
-                dense_bytes / bf_gpu / 1e9,
-                bf_gpu / gpu
+                nf4.enqueue * 1e6,
+                dense16.per_call * 1e6,
+                dense16.gpu * 1e6,
+                dense_bytes / dense16.gpu / 1e9,
+                dense16.gpu / nf4.gpu
             );
         }
     }

@@ -6,13 +6,13 @@
 use std::time::Instant;
 
 use burn::backend::{Autodiff, cuda::CudaDevice};
-use burn::tensor::{DType, Distribution, Tensor, backend::Backend};
+use burn::tensor::{DType, backend::Backend};
 use burn_cubecl::CubeBackend;
 use cubecl::cuda::CudaRuntime;
 use kiln::ops::{self, ternary::TernaryWeight};
 
 use super::common::ternary::{check_gradients, check_kernels, shape};
-use super::B;
+use super::{B, bf16};
 
 type Cube = CubeBackend<CudaRuntime, f32, i32, u8>;
 
@@ -46,9 +46,6 @@ fn verdict(pass: bool) -> &'static str {
     if pass { "ok" } else { "FAIL" }
 }
 
-fn bf16<BK: Backend<Device = CudaDevice>, const D: usize>(shape: [usize; D], device: &CudaDevice) -> Tensor<BK, D> {
-    Tensor::<BK, D>::random(shape, Distribution::Normal(0.0, 1.0), device).cast(DType::BF16)
-}
 
 fn weight<BK: Backend<Device = CudaDevice> + ops::ternary::TernaryBackend>(n: usize, k: usize, device: &CudaDevice) -> TernaryWeight<BK> {
     TernaryWeight::quantize(bf16::<BK, 2>([n, k], device), n)
@@ -65,24 +62,22 @@ pub fn bench_gemv(device: &CudaDevice) {
         let (dense, dense_c) = (bf16::<B, 2>([k, n], device), bf16::<Cube, 2>([k, n], device));
         for m in [1, 8] {
             let (x, xc) = (bf16::<B, 2>([m, k], device), bf16::<Cube, 2>([m, k], device));
-            let per_call = super::time_adaptive(device, 0.05, 2000, || ops::ternary_matmul(x.clone(), &w));
-            let (gpu, enqueue) = super::gpu_time_per_call::<Cube, _>(device, 300, || ops::ternary_matmul(xc.clone(), &wc));
-            let bf_call = super::time_adaptive(device, 0.05, 2000, || ops::matmul(x.clone(), dense.clone()));
-            let (bf_gpu, _) = super::gpu_time_per_call::<Cube, _>(device, 300, || ops::matmul(xc.clone(), dense_c.clone()));
+            let w2a8 = super::time_both(device, || ops::ternary_matmul(x.clone(), &w), || ops::ternary_matmul(xc.clone(), &wc));
+            let dense16 = super::time_both(device, || ops::matmul(x.clone(), dense.clone()), || ops::matmul(xc.clone(), dense_c.clone()));
             let packed = w.layout.bytes() as f64 + (2 * m * (k + n) + m * k) as f64;
             let dense_bytes = 2.0 * (k * n + m * (k + n)) as f64;
             println!(
                 "bench ternary gemv m{m} n{n:<6} k{k:<6} kiln W2A8: {:7.1} us/call, GPU {:6.1} us ({:5.0} GB/s, {:4.1}% of HBM on {:.1} MB packed; {:.1} us/call to enqueue) | kiln bf16: {:7.1} us/call, GPU {:6.1} us ({:5.0} GB/s) | W2A8/bf16 GPU speedup {:.2}x",
-                per_call * 1e6,
-                gpu * 1e6,
-                packed / gpu / 1e9,
-                100.0 * packed / gpu / HBM,
+                w2a8.per_call * 1e6,
+                w2a8.gpu * 1e6,
+                packed / w2a8.gpu / 1e9,
+                100.0 * packed / w2a8.gpu / HBM,
                 packed / 1e6,
-                enqueue / 300.0 * 1e6,
-                bf_call * 1e6,
-                bf_gpu * 1e6,
-                dense_bytes / bf_gpu / 1e9,
-                bf_gpu / gpu
+                w2a8.enqueue * 1e6,
+                dense16.per_call * 1e6,
+                dense16.gpu * 1e6,
+                dense_bytes / dense16.gpu / 1e9,
+                dense16.gpu / w2a8.gpu
             );
         }
     }

@@ -1,5 +1,5 @@
 //! GGUF checkpoints (llama.cpp's format) as a [`ParamSource`]: tensors dequantized to f32 on load
-//! (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K), renamed from HF to GGUF names, Q/K rows put back in
+//! (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K, TQ1_0, TQ2_0), renamed from HF to GGUF names, Q/K rows put back in
 //! HF order where llama.cpp's converter permuted them (the `llama` architecture), and the config
 //! read from the metadata.
 
