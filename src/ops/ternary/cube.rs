@@ -124,17 +124,25 @@ fn dequantize<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(w
     out
 }
 
+/// Activation rows `[m, k]` quantized to int8 codes packed four a word (`[m, act_row_words]`, an
+/// i8 matrix with rows padded to 64), with their f32 scales and code sums `[m]`.
+fn packed_acts<R: CubeRuntime>(x: &CubeTensor<R>) -> [CubeTensor<R>; 3] {
+    let [m, k] = dims(x);
+    let words = empty_like_device(x, [m * act_row_words(k)], DType::I32);
+    let scales = empty_like_device(x, [m], DType::F32);
+    let sums = empty_like_device(x, [m], DType::F32);
+    let codes = ActCodes::Packed { words: words.clone().into_array_arg(), sums: sums.clone().into_array_arg() };
+    launch_quantize_acts(&x.client.clone(), storage(x), m, k, x.clone().into_array_arg(), scales.clone().into_array_arg(), codes);
+    [words, scales, sums]
+}
+
 /// The GEMV: activations quantized and packed, then the `dp4a` kernel on CUDA or the portable one.
 fn gemv<R: CubeRuntime>(x: CubeTensor<R>, weight: &Weight<R>) -> CubeTensor<R> {
     let [m, k] = dims(&x);
     let l = weight.layout;
     let client = x.client.clone();
-    let words = empty_like_device(&x, [m * act_row_words(k)], DType::I32);
-    let scales = empty_like_device(&x, [m], DType::F32);
-    let sums = empty_like_device(&x, [m], DType::F32);
+    let [words, scales, sums] = packed_acts(&x);
     let out = empty_like_device(&x, [m, l.n], x.dtype);
-    let codes = ActCodes::Packed { words: words.clone().into_array_arg(), sums: sums.clone().into_array_arg() };
-    launch_quantize_acts(&client, storage(&x), m, k, x.clone().into_array_arg(), scales.clone().into_array_arg(), codes);
     #[cfg(feature = "cuda")]
     if dp4a::gemv(&x, m, weight, [&words, &scales, &sums], &out) {
         return out;
@@ -162,12 +170,11 @@ fn gemv<R: CubeRuntime>(x: CubeTensor<R>, weight: &Weight<R>) -> CubeTensor<R> {
 mod int8 {
     use burn::tensor::{DType, Shape};
     use burn_cubecl::{CubeRuntime, tensor::CubeTensor};
-    use kiln_kernels::ternary::{ActCodes, launch_quantize_acts, launch_rescale, launch_unpack_i8};
+    use kiln_kernels::ternary::{launch_rescale, launch_unpack_i8};
 
-    use super::{Weight, dims};
+    use super::{Weight, dims, packed_acts};
     use crate::backend::cube::{empty_like_device, storage};
     use crate::ops::matmul::gemm_i8;
-    use crate::ops::ternary::format::act_row_words;
 
     /// `words` (i32 words holding four int8 codes each) seen as a `[1, rows, cols]` i8 matrix.
     fn as_i8<R: CubeRuntime>(words: &CubeTensor<R>, rows: usize, cols: usize) -> CubeTensor<R> {
@@ -176,14 +183,11 @@ mod int8 {
 
     pub(super) fn matmul<R: CubeRuntime>(x: &CubeTensor<R>, weight: &Weight<R>) -> Option<CubeTensor<R>> {
         crate::backend::cube::cuda::client(x)?;
-        let [m, k] = dims(x);
+        let [m, _] = dims(x);
         let l = weight.layout;
         let padded = l.padded_k();
         let client = x.client.clone();
-        let words = empty_like_device(x, [m * act_row_words(k)], DType::I32);
-        let (scales, sums) = (empty_like_device(x, [m], DType::F32), empty_like_device(x, [m], DType::F32));
-        let codes = ActCodes::Packed { words: words.clone().into_array_arg(), sums: sums.into_array_arg() };
-        launch_quantize_acts(&client, storage(x), m, k, x.clone().into_array_arg(), scales.clone().into_array_arg(), codes);
+        let [words, scales, _] = packed_acts(x);
         let w8 = empty_like_device(x, [l.n * padded / 4], DType::I32);
         launch_unpack_i8(&client, l.words(), weight.words.clone().into_array_arg(), w8.clone().into_array_arg());
         let acc = empty_like_device(x, [1, m, l.n], DType::I32);
