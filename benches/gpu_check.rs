@@ -93,7 +93,7 @@ fn parity(device: &CudaDevice, filter: &str) -> bool {
             report(format!("dora {case:?} {dtype:?}"), &|| run_check(&case, device, dtype));
         }
         for shape in [[37, 11008], [3, 1001]] {
-            for activation in [GluActivation::Silu, GluActivation::GeluTanh] {
+            for activation in [GluActivation::Silu, GluActivation::GeluTanh, GluActivation::Relu2] {
                 let case = GluCase { shape, activation, seed: 4 };
                 report(format!("glu {shape:?} {activation:?} {dtype:?}"), &|| run_check(&case, device, dtype));
             }
@@ -600,6 +600,7 @@ fn main() {
         ternary::bench_gemv(&device);
         ternary::bench_prefill(&device);
         ternary::bench_qat_step(&device);
+        ternary::bench_relu2_glu(&device);
     }
     if mode == "ternary-gemv" {
         ternary::bench_gemv(&device);

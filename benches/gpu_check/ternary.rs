@@ -136,3 +136,26 @@ pub fn bench_qat_step(device: &CudaDevice) {
         t / bf
     );
 }
+
+/// BitNet's MLP gating (`max(g, 0)² · u`, BitNet b1.58 2B's 6912 features, 16384 tokens, bf16):
+/// kiln's one-pass `relu2_glu` forward and forward + backward; torch's eager and compiled forms
+/// run in `peers/ternary.py`. Memory-bound: reported as a fraction of HBM.
+pub fn bench_relu2_glu(device: &CudaDevice) {
+    type Ad = Autodiff<B>;
+    let (t, f) = (16384, 6912);
+    let (gate, up) = (bf16::<Ad, 2>([t, f], device).require_grad(), bf16::<Ad, 2>([t, f], device).require_grad());
+    let dy = bf16::<Ad, 2>([t, f], device);
+    let forward = super::time_adaptive(device, 0.2, 200, || ops::relu2_glu(gate.clone().inner(), up.clone().inner()));
+    let both = super::time_adaptive(device, 0.2, 200, || {
+        let grads = (ops::relu2_glu(gate.clone(), up.clone()) * dy.clone()).sum().backward();
+        (gate.grad(&grads).unwrap(), up.grad(&grads).unwrap())
+    });
+    let bytes = (t * f * 2) as f64;
+    println!(
+        "bench ternary relu2_glu [{t},{f}] bf16: kiln fwd {:.1} us ({:.0}% HBM) | kiln fwd+bwd (autodiff, incl. the loss ops) {:.1} us ({:.0}% HBM on 8 passes)",
+        forward * 1e6,
+        100.0 * 3.0 * bytes / forward / HBM,
+        both * 1e6,
+        100.0 * 8.0 * bytes / both / HBM
+    );
+}

@@ -5,7 +5,8 @@
     queued behind `torch.cuda._sleep`, CUDA events);
   * prefill products at M = 512, 2048, 8192 in bf16 and with `torch._int_mm` (i8 x i8 -> i32 on
     the integer tensor cores, the W2A8 product's ceiling without the 2-bit unpacking);
-  * a QAT training step's linear (4096 tokens, 4096 -> 11008) in bf16: forward + backward.
+  * a QAT training step's linear (4096 tokens, 4096 -> 11008) in bf16: forward + backward;
+  * BitNet's MLP gating relu(g)^2 * u at [16384, 6912] bf16, eager and torch.compile'd.
 Prints lines starting with `peer ternary`."""
 import os
 import sys
@@ -79,6 +80,22 @@ def qat_step():
           f"({3 * 2 * m * k * n / t / 1e12:.0f} TF/s)", flush=True)
 
 
+def relu2_glu():
+    t, f = 16384, 6912
+    g = torch.randn(t, f, device="cuda", dtype=bf, requires_grad=True)
+    u = torch.randn(t, f, device="cuda", dtype=bf, requires_grad=True)
+    dy = torch.randn(t, f, device="cuda", dtype=bf)
+    eager = lambda g, u: torch.relu(g).square() * u
+    compiled = torch.compile(eager)
+    nbytes = t * f * 2
+    for name, fn in (("eager", eager), ("compiled", compiled)):
+        with torch.no_grad():
+            fwd = seconds(lambda: fn(g, u), cap=200)
+        both = seconds(lambda: torch.autograd.grad((fn(g, u) * dy).sum(), [g, u]), cap=200)
+        print(f"peer ternary relu2_glu [{t},{f}] bf16 torch {name}: fwd {fwd * 1e6:.1f} us ({100 * 3 * nbytes / fwd / HBM:.0f}% HBM) | "
+              f"fwd+bwd {both * 1e6:.1f} us ({100 * 8 * nbytes / both / HBM:.0f}% HBM on 8 passes)", flush=True)
+
+
 if __name__ == "__main__":
     torch.manual_seed(0)
     which = sys.argv[1] if len(sys.argv) > 1 else "all"
@@ -88,3 +105,5 @@ if __name__ == "__main__":
         prefill()
     if which in ("all", "qat"):
         qat_step()
+    if which in ("all", "glu"):
+        relu2_glu()

@@ -1,5 +1,5 @@
-//! Gated linear units `act(gate) · up`: SwiGLU (`silu`, Llama/Qwen MLPs) and GeGLU (tanh-approximated
-//! GELU, Gemma MLPs). One pass reads both inputs and writes the product; the backward reads
+//! Gated linear units `act(gate) · up`: SwiGLU (`silu`, Llama/Qwen MLPs), GeGLU (tanh-approximated
+//! GELU, Gemma MLPs) and the squared-ReLU GLU of BitNet b1.58. One pass reads both inputs and writes the product; the backward reads
 //! `gate`, `up` and `dy` once and writes both gradients, recomputing the activation instead of
 //! storing it. Arithmetic is f32 whatever the storage dtype.
 
@@ -13,6 +13,19 @@ pub enum GluActivation {
     Silu,
     /// `0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 x³)))`.
     GeluTanh,
+    /// `max(x, 0)²` (HF's `relu2`, BitNet b1.58's MLP).
+    Relu2,
+}
+
+impl GluActivation {
+    /// The name of the kiln op that gates with this activation (for error messages).
+    pub fn op_name(self) -> &'static str {
+        match self {
+            Self::Silu => "swiglu",
+            Self::GeluTanh => "geglu",
+            Self::Relu2 => "relu2_glu",
+        }
+    }
 }
 
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
@@ -37,6 +50,10 @@ fn activation<N: Size>(g: Vector<f32, N>, #[comptime] act: GluActivation) -> (Ve
             let slope = half * (one + t)
                 + half * g * (one - t * t) * k0 * (one + Vector::<f32, N>::new(3.0) * k1 * g2);
             (value, slope)
+        }
+        GluActivation::Relu2 => {
+            let r = max(g, Vector::new(0.0));
+            (r * r, Vector::<f32, N>::new(2.0) * r)
         }
     }
 }

@@ -1,4 +1,4 @@
-//! Llama, Qwen and Mistral decoders built on kiln's fused ops: HF `config.json` and safetensors
+//! Llama, Qwen, Mistral and BitNet decoders built on kiln's fused ops: HF `config.json` and safetensors
 //! loading, the `tokenizers` tokenizer with chat templates, and generation with on-device sampling.
 //!
 //! - [`config`]: [`DecoderConfig`], read from HF configs ([`config::from_hf_json`]).
@@ -28,7 +28,7 @@ pub mod train;
 pub use config::{DecoderConfig, Family};
 pub use error::{LoadError, Result};
 pub use model::build::{LinearShape, LoadOptions, MakeLinear, MapFloat, build_with, load, load_made, load_with};
-pub use model::bitnet::{BitNetDecoder, BitNetOptions, TernaryDecoder, pack_ternary, to_bitnet};
+pub use model::bitnet::{BitNetDecoder, BitNetOptions, TernaryDecoder, TernaryMaker, load_bitnet, pack_ternary, to_bitnet};
 pub use model::nf4::{Nf4Decoder, Nf4Maker, Nf4Options, load_nf4};
 pub use generation::{GenerationConfig, SamplingConfig};
 pub use model::{Decoder, DecoderCache, FloatDecoder, Projection};

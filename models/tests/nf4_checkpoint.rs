@@ -5,6 +5,7 @@
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
+mod support;
 
 use std::path::{Path, PathBuf};
 
@@ -13,10 +14,7 @@ use burn::tensor::{DType, FloatDType, Int, Tensor, TensorData};
 use kiln::ops::nf4::{Packed4, QuantType};
 use kiln_models::{LoadOptions, Nf4Decoder, Nf4Options, load, load_nf4};
 use safetensors::SafeTensors;
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
-}
+use support::{fixture, max_abs_err};
 
 fn options(dtype: FloatDType) -> LoadOptions {
     LoadOptions { dtype, max_positions: Some(64) }
@@ -34,11 +32,6 @@ fn expected() -> (Vec<i64>, Vec<f64>) {
 fn logits<B: kiln::KilnBackend>(model: &Nf4Decoder<B>, prompt: &[i64], device: &B::Device) -> Vec<f64> {
     let tokens = Tensor::<B, 2, Int>::from_data(TensorData::new(prompt.to_vec(), [1, prompt.len()]), device);
     common::values(model.forward(tokens))
-}
-
-fn max_abs_err(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| if x.is_nan() { f64::INFINITY } else { (x - y).abs() }).fold(0.0, f64::max)
 }
 
 #[test]
@@ -81,20 +74,9 @@ fn float_checkpoint_is_quantized_on_load_as_the_host_format_does() {
     assert!(logits(&quantized, &prompt, &cpu).iter().all(|v| v.is_finite()));
 }
 
-/// A copy of the 4-bit fixture with `edit` applied to its tensors, in a fresh directory.
-fn damaged(tag: &str, edit: impl Fn(&mut Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)>)) -> PathBuf {
-    let src = fixture("llama_nf4/model");
-    let dir = std::env::temp_dir().join(format!("kiln-nf4-damaged-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::copy(src.join("config.json"), dir.join("config.json")).unwrap();
-    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
-    let file = SafeTensors::deserialize(&bytes).unwrap();
-    let mut tensors: Vec<_> = file.tensors().into_iter().map(|(n, t)| (n, t.dtype(), t.shape().to_vec(), t.data().to_vec())).collect();
-    edit(&mut tensors);
-    let views: Vec<(String, safetensors::tensor::TensorView)> =
-        tensors.iter().map(|(n, d, s, b)| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap())).collect();
-    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
-    dir
+/// A copy of the 4-bit fixture with `edit` applied to its tensors.
+fn damaged(tag: &str, edit: impl Fn(&mut Vec<support::StoredTensor>)) -> PathBuf {
+    support::damaged(&fixture("llama_nf4/model"), &format!("nf4-{tag}"), edit)
 }
 
 fn load_error(dir: &Path) -> String {

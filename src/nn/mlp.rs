@@ -4,14 +4,14 @@ use burn::tensor::{Tensor, backend::Backend};
 
 use super::{Linear, LinearConfig};
 use crate::ops::matmul::MatmulBackend;
-use crate::ops::swiglu::{GluActivation, SwiGluBackend, geglu, swiglu};
+use crate::ops::swiglu::{GluActivation, SwiGluBackend, glu};
 
 /// Configuration of [`GatedMlp`].
 #[derive(Config, Debug)]
 pub struct GatedMlpConfig {
     pub d_model: usize,
     pub d_ff: usize,
-    /// `Silu` gives the Llama/Qwen SwiGLU MLP, `GeluTanh` the Gemma GeGLU MLP.
+    /// `Silu` gives the Llama/Qwen SwiGLU MLP, `GeluTanh` the Gemma GeGLU MLP, `Relu2` BitNet's.
     #[config(default = "GluActivation::Silu")]
     pub activation: GluActivation,
 }
@@ -41,10 +41,6 @@ pub struct GatedMlp<B: Backend> {
 impl<B: SwiGluBackend + MatmulBackend> GatedMlp<B> {
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
         let (g, u) = (self.gate.forward(x.clone()), self.up.forward(x));
-        let h = match self.activation {
-            GluActivation::Silu => swiglu(g, u),
-            GluActivation::GeluTanh => geglu(g, u),
-        };
-        self.down.forward(h)
+        self.down.forward(glu(g, u, self.activation))
     }
 }

@@ -22,7 +22,7 @@ pub use nf4::matmul_4bit;
 pub use rms_norm::{rms_norm, rms_norm_residual};
 pub use rms_norm_rope::rms_norm_rope;
 pub use rope::{RopeTable, rope};
-pub use swiglu::{geglu, swiglu};
+pub use swiglu::{geglu, glu, relu2_glu, swiglu};
 pub use ternary::{bitlinear, ternary_matmul};
 
 use burn::tensor::{Tensor, TensorPrimitive, backend::Backend, ops::FloatTensor};

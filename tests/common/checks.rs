@@ -228,10 +228,9 @@ impl Case for GluCase {
     fn run<B: KilnAutodiffBackend>(&self, device: &B::Device, dtype: DType, kernel: bool) -> Outputs {
         let g = tensor::<B, 2>(&random(&self.shape, self.seed), dtype, device).require_grad();
         let u = tensor::<B, 2>(&random(&self.shape, self.seed + 1), dtype, device).require_grad();
-        let y = match (kernel, self.activation) {
-            (true, GluActivation::Silu) => ops::swiglu(g.clone(), u.clone()),
-            (true, GluActivation::GeluTanh) => ops::geglu(g.clone(), u.clone()),
-            (false, act) => wrap(swiglu::reference::forward::<B>(prim(g.clone()), prim(u.clone()), act)),
+        let y = match kernel {
+            true => ops::glu(g.clone(), u.clone(), self.activation),
+            false => wrap(swiglu::reference::forward::<B>(prim(g.clone()), prim(u.clone()), self.activation)),
         };
         let grads = weighted(y.clone(), self.seed + 2, device).backward();
         vec![("y", values(y)), ("dgate", grad(&g, &grads)), ("dup", grad(&u, &grads))]

@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 
 use super::DecoderConfig;
 use crate::error::{LoadError, Result};
-use kiln::ops::rope::RopeScaling;
+use kiln::ops::{rope::RopeScaling, swiglu::GluActivation};
 
 /// The model families `config.json`'s `model_type` may name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,6 +16,9 @@ pub enum Family {
     Qwen2,
     Qwen3,
     Mistral,
+    /// BitNet b1.58 (`BitNetForCausalLM`): Llama with squared-ReLU gating and sub-norms; its
+    /// packed ternary linears load with `load_bitnet`.
+    BitNet,
 }
 
 impl Family {
@@ -25,6 +28,7 @@ impl Family {
             "qwen2" => Self::Qwen2,
             "qwen3" => Self::Qwen3,
             "mistral" => Self::Mistral,
+            "bitnet" => Self::BitNet,
             _ => return None,
         })
     }
@@ -43,12 +47,15 @@ pub fn from_hf_value(value: &Value, path: &Path) -> Result<(Family, DecoderConfi
     let fields = Fields { map: value.as_object().ok_or_else(|| LoadError::malformed(path, "the top level is not an object"))?, path };
     let model_type = fields.string("model_type")?;
     let family = Family::from_model_type(&model_type).ok_or_else(|| {
-        fields.error("model_type", format!("`{model_type}` is not supported (llama, qwen2, qwen3, mistral)"))
+        fields.error("model_type", format!("`{model_type}` is not supported (llama, qwen2, qwen3, mistral, bitnet)"))
     })?;
     let act = fields.opt_string("hidden_act")?.unwrap_or_else(|| "silu".into());
-    if act != "silu" {
-        return Err(fields.error("hidden_act", format!("`{act}` is not supported (silu)")));
-    }
+    let activation = match act.as_str() {
+        "silu" => GluActivation::Silu,
+        "relu2" => GluActivation::Relu2,
+        "gelu_pytorch_tanh" => GluActivation::GeluTanh,
+        _ => return Err(fields.error("hidden_act", format!("`{act}` is not supported (silu, relu2, gelu_pytorch_tanh)"))),
+    };
     let hidden_size = fields.usize("hidden_size")?;
     let num_heads = fields.usize("num_attention_heads")?;
     let num_layers = fields.usize("num_hidden_layers")?;
@@ -78,6 +85,8 @@ pub fn from_hf_value(value: &Value, path: &Path) -> Result<(Family, DecoderConfi
         o_bias: family != Family::Qwen2 && attention_bias,
         mlp_bias: fields.opt_bool("mlp_bias")?.unwrap_or(false),
         qk_norm: family == Family::Qwen3,
+        activation,
+        sub_norms: family == Family::BitNet,
         sliding_window,
         sliding_layers,
         tie_embeddings: fields.opt_bool("tie_word_embeddings")?.unwrap_or(false),
@@ -191,7 +200,7 @@ impl Fields<'_> {
         let window = self.opt_usize("sliding_window")?;
         let used = match family {
             Family::Mistral => true,
-            Family::Llama => false,
+            Family::Llama | Family::BitNet => false,
             Family::Qwen2 | Family::Qwen3 => self.opt_bool("use_sliding_window")?.unwrap_or(false),
         };
         let Some(window) = window.filter(|_| used) else { return Ok((None, None)) };

@@ -3,12 +3,12 @@
 mod hf;
 
 use burn::config::Config;
-use kiln::ops::rope::RopeScaling;
+use kiln::ops::{rope::RopeScaling, swiglu::GluActivation};
 
 pub use hf::{Family, from_hf_json, from_hf_value};
 
-/// A pre-norm decoder-only transformer with RMSNorm, RoPE, GQA attention and a SwiGLU MLP: Llama
-/// 2/3/3.1/3.2, Qwen2/2.5, Qwen3 and Mistral are this with different flags.
+/// A pre-norm decoder-only transformer with RMSNorm, RoPE, GQA attention and a gated MLP: Llama
+/// 2/3/3.1/3.2, Qwen2/2.5, Qwen3, Mistral and BitNet b1.58 are this with different flags.
 #[derive(Config, Debug, PartialEq)]
 pub struct DecoderConfig {
     pub vocab_size: usize,
@@ -43,6 +43,13 @@ pub struct DecoderConfig {
     /// Per-head RMSNorm on q and k before RoPE (Qwen3).
     #[config(default = false)]
     pub qk_norm: bool,
+    /// The MLP's gate activation (HF's `hidden_act`: `silu`, BitNet's `relu2`).
+    #[config(default = "GluActivation::Silu")]
+    pub activation: GluActivation,
+    /// RMSNorms on the attention output and on the gated MLP product, before the projections that
+    /// take them (BitNet b1.58's `attn_sub_norm`, `ffn_sub_norm`).
+    #[config(default = false)]
+    pub sub_norms: bool,
     /// Sliding attention window (Mistral; Qwen2 with `use_sliding_window`).
     #[config(default = "None")]
     pub sliding_window: Option<usize>,
@@ -102,7 +109,8 @@ impl DecoderConfig {
         let attention = d * (q + 2 * kv) + q * d + bias(self.qkv_bias, q + 2 * kv) + bias(self.o_bias, d)
             + if self.qk_norm { 2 * self.head_dim } else { 0 };
         let mlp = 3 * d * f + bias(self.mlp_bias, 2 * f + d);
-        let layer = attention + mlp + 2 * d;
+        let sub_norms = if self.sub_norms { q + f } else { 0 };
+        let layer = attention + mlp + sub_norms + 2 * d;
         v * d + self.num_layers * layer + d + if self.tie_embeddings { 0 } else { v * d }
     }
 

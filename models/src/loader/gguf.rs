@@ -11,7 +11,7 @@ use super::{ParamKind, ParamSource, transpose_bytes, upload};
 use crate::config::{DecoderConfig, Family};
 use crate::error::{LoadError, Result};
 use crate::gguf::{GgufFile, gguf_tensor_name, unpermute_qk};
-use kiln::ops::rope::RopeScaling;
+use kiln::ops::{rope::RopeScaling, swiglu::GluActivation};
 
 /// The tensors of a GGUF file, dequantized on demand into a chosen float dtype.
 pub struct GgufSource {
@@ -124,6 +124,8 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<(Family, DecoderConfig)> {
         o_bias: has("blk.0.attn_output.bias"),
         mlp_bias: has("blk.0.ffn_gate.bias"),
         qk_norm: has("blk.0.attn_q_norm.weight"),
+        activation: GluActivation::Silu,
+        sub_norms: false,
         sliding_window: info.sliding_window.map(|w| size("attention.sliding_window", w)).transpose()?,
         sliding_layers: None,
         tie_embeddings: info.tied_embeddings,

@@ -79,9 +79,10 @@ impl ParamSource for RandomInit {
         Path::new("<random init>")
     }
 
-    /// Every parameter, and none of bitsandbytes' 4-bit parts: the weights it makes are float.
+    /// Every parameter, and none of bitsandbytes' 4-bit parts or BitNet's packed scales: the
+    /// weights it makes are float.
     fn contains(&self, name: &str) -> bool {
-        !kiln::ops::nf4::bnb::is_stored_part(name)
+        !kiln::ops::nf4::bnb::is_stored_part(name) && !name.ends_with(".weight_scale")
     }
 }
 
@@ -105,18 +106,21 @@ pub(crate) fn upload<B: Backend, const D: usize>(data: TensorData, dtype: FloatD
 #[cfg(test)]
 mod tests {
     use super::{RandomInit, transpose_bytes};
-    use crate::{DecoderConfig, Nf4Maker, build_with};
+    use crate::{DecoderConfig, Nf4Maker, TernaryMaker, build_with};
     use burn::backend::NdArray;
 
-    /// Random initialization makes float layers (the pretrain example) and, through the NF4
-    /// maker, quantized ones (the qlora_step example): it never claims a stored 4-bit weight.
+    /// Random initialization makes float layers (the pretrain example) and, through the NF4 and
+    /// ternary makers, quantized ones (the qlora_step example): it never claims a stored 4-bit
+    /// or packed ternary weight.
     #[test]
-    fn random_init_builds_float_and_nf4_models() {
+    fn random_init_builds_float_and_quantized_models() {
         let config = DecoderConfig::preset("tiny").unwrap();
         let float = config.init::<NdArray>(&Default::default());
         assert_eq!(float.layers.len(), config.num_layers);
         let nf4 = build_with::<NdArray, _, _>(&config, &mut RandomInit::default(), &Default::default(), &mut Nf4Maker::default()).unwrap();
         assert_eq!(nf4.linears().len(), 7 * config.num_layers);
+        let ternary = build_with::<NdArray, _, _>(&config, &mut RandomInit::default(), &Default::default(), &mut TernaryMaker::default()).unwrap();
+        assert_eq!(ternary.linears().len(), 7 * config.num_layers);
     }
 
     #[test]

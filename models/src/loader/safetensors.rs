@@ -73,17 +73,17 @@ impl SafetensorsSource {
 
     /// The stored shape of tensor `name`.
     pub fn shape(&self, name: &str) -> Option<Vec<usize>> {
-        self.raw(name).map(|(_, shape, _, _)| shape)
+        self.raw(name).map(|(_, shape, _, _)| shape.to_vec())
     }
 
     /// The raw stored tensor: its shape, dtype and bytes (borrowed from the mapping).
-    fn raw(&self, name: &str) -> Option<(&Path, Vec<usize>, Dtype, &[u8])> {
+    fn raw(&self, name: &str) -> Option<(&Path, &[usize], Dtype, &[u8])> {
         let shard = &self.shards[*self.names.get(name)?];
         let info = shard.metadata.info(name)?;
         let (start, end) = info.data_offsets;
         // read_metadata validated every offset against the file's length.
         let bytes = &shard.map[shard.data_start + start..shard.data_start + end];
-        Some((&shard.path, info.shape.clone(), info.dtype, bytes))
+        Some((&shard.path, &info.shape, info.dtype, bytes))
     }
 }
 
@@ -120,15 +120,15 @@ impl ParamSource for SafetensorsSource {
     }
 
     fn stored(&self, name: &str) -> Option<Stored<'_>> {
-        let (_, _, dtype, bytes) = self.raw(name)?;
+        let (_, shape, dtype, bytes) = self.raw(name)?;
         let dtype = match dtype {
             Dtype::U8 => StoredDtype::U8,
             Dtype::F32 => StoredDtype::F32,
-            Dtype::F16 => StoredDtype::Other("F16"),
-            Dtype::BF16 => StoredDtype::Other("BF16"),
+            Dtype::F16 => StoredDtype::F16,
+            Dtype::BF16 => StoredDtype::BF16,
             _ => StoredDtype::Other("another dtype"),
         };
-        Some(Stored { dtype, bytes })
+        Some(Stored { dtype, shape, bytes })
     }
 
     fn origin(&self) -> &Path {

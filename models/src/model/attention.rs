@@ -18,11 +18,21 @@ pub struct Attention<B: Backend, L: Module<B>> {
     /// Qwen3's per-head RMSNorm on q and k.
     pub q_norm: Option<RmsNorm<B>>,
     pub k_norm: Option<RmsNorm<B>>,
+    /// BitNet's RMSNorm on the attention output, before `o_proj` quantizes it.
+    pub sub_norm: Option<RmsNorm<B>>,
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
     #[module(skip)]
     pub window: Option<usize>,
+}
+
+/// `norm(x)` where the model has the norm (BitNet's sub-norms), else `x`.
+pub(super) fn sub_norm<B: KilnBackend>(norm: &Option<RmsNorm<B>>, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    match norm {
+        Some(norm) => norm.forward(x),
+        None => x,
+    }
 }
 
 /// Keys and values of one layer in preallocated `[batch, kv_heads, capacity, head_dim]` buffers.
@@ -117,7 +127,7 @@ impl<B: KilnBackend, L: Projection<B>> Attention<B, L> {
                 (k, v, padding, AttentionOptions { causal: true, window: self.window, ..AttentionOptions::default() })
             }
         };
-        let out = flash_attention(q, k, v, mask, options);
-        self.o_proj.forward(out.swap_dims(1, 2).reshape([batch, seq, self.num_heads * self.head_dim]))
+        let out = flash_attention(q, k, v, mask, options).swap_dims(1, 2).reshape([batch, seq, self.num_heads * self.head_dim]);
+        self.o_proj.forward(sub_norm(&self.sub_norm, out))
     }
 }

@@ -47,12 +47,15 @@ impl<B: Backend, L: Module<B>, F: FnMut(&str, Linear<B>) -> L> MakeLinear<B> for
     }
 }
 
-/// A float linear from `<name>.weight` (and `<name>.bias`). A 4-bit bitsandbytes weight there is
-/// refused with a pointer to the 4-bit loader.
+/// A float linear from `<name>.weight` (and `<name>.bias`). A 4-bit bitsandbytes or packed
+/// ternary weight there is refused with a pointer to its loader.
 pub fn float_linear<B: Backend, S: ParamSource>(source: &mut S, name: &str, shape: LinearShape, device: &B::Device) -> Result<Linear<B>> {
     let weight_name = format!("{name}.weight");
     if kiln::ops::nf4::bnb::stored_4bit(&weight_name, |n| source.contains(n)) {
         return Err(LoadError::tensor(source.origin(), weight_name, "a bitsandbytes 4-bit weight: load the checkpoint with `load_nf4`"));
+    }
+    if source.contains(&format!("{name}.weight_scale")) {
+        return Err(LoadError::tensor(source.origin(), weight_name, "a packed BitNet weight: load the checkpoint with `load_bitnet`"));
     }
     let LinearShape { d_input, d_output, bias } = shape;
     let weight = source.param::<B, 2>(&weight_name, [d_input, d_output], ParamKind::Linear, device)?;
@@ -121,6 +124,7 @@ impl<S: ParamSource, D> Builder<'_, S, D> {
             o_proj: linear(self, "self_attn.o_proj", q, d, c.o_bias)?,
             q_norm: c.qk_norm.then(|| self.norm(&format!("{p}.self_attn.q_norm"), c.head_dim, c.rms_norm_eps)).transpose()?,
             k_norm: c.qk_norm.then(|| self.norm(&format!("{p}.self_attn.k_norm"), c.head_dim, c.rms_norm_eps)).transpose()?,
+            sub_norm: c.sub_norms.then(|| self.norm(&format!("{p}.self_attn.attn_sub_norm"), q, c.rms_norm_eps)).transpose()?,
             num_heads: c.num_heads,
             num_kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
@@ -132,7 +136,9 @@ impl<S: ParamSource, D> Builder<'_, S, D> {
             post_attention_layernorm: self.norm(&format!("{p}.post_attention_layernorm"), d, c.rms_norm_eps)?,
             gate_proj: linear(self, "mlp.gate_proj", d, f, c.mlp_bias)?,
             up_proj: linear(self, "mlp.up_proj", d, f, c.mlp_bias)?,
+            ffn_sub_norm: c.sub_norms.then(|| self.norm(&format!("{p}.mlp.ffn_sub_norm"), f, c.rms_norm_eps)).transpose()?,
             down_proj: linear(self, "mlp.down_proj", f, d, c.mlp_bias)?,
+            activation: c.activation,
         })
     }
 }
@@ -201,6 +207,9 @@ fn check_all_used(source: &SafetensorsSource, config: &DecoderConfig, dir: &Path
     if let Some(name) = source.names().filter(|n| kiln::ops::nf4::bnb::is_state(n) && !consumed(n)).min() {
         return Err(LoadError::tensor(dir, name, "a bitsandbytes 4-bit checkpoint: load it with `load_nf4`"));
     }
+    if let Some(name) = source.names().filter(|n| n.ends_with(".weight_scale") && !consumed(n)).min() {
+        return Err(LoadError::tensor(dir, name, "a packed BitNet checkpoint: load it with `load_bitnet`"));
+    }
     let expected = expected_names(config);
     let unused = source.names().filter(|n| !expected.contains(*n) && !is_ignorable(n, config) && !consumed(n)).min();
     match unused {
@@ -239,6 +248,9 @@ pub fn expected_names(c: &DecoderConfig) -> std::collections::HashSet<String> {
         }
         if c.qk_norm {
             names.extend(["q_norm", "k_norm"].map(|n| format!("{p}.self_attn.{n}.weight")));
+        }
+        if c.sub_norms {
+            names.extend(["self_attn.attn_sub_norm", "mlp.ffn_sub_norm"].map(|n| format!("{p}.{n}.weight")));
         }
     }
     names.into_iter().collect()

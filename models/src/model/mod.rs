@@ -13,7 +13,7 @@ use burn::nn::Embedding;
 use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend, s};
 use kiln::KilnBackend;
 use kiln::nn::{Linear, RmsNorm};
-use kiln::ops::{RopeTable, swiglu};
+use kiln::ops::{RopeTable, glu, swiglu::GluActivation};
 
 pub use attention::{Attention, LayerCache, Step, StepMode};
 pub use projection::Projection;
@@ -24,7 +24,8 @@ use crate::config::DecoderConfig;
 pub type FloatDecoder<B> = Decoder<B, Linear<B>>;
 
 /// Pre-norm block: `h = x + attn(norm₁(x)); y = h + mlp(norm₂(h))`, each residual add fused into
-/// the RMSNorm that follows it.
+/// the RMSNorm that follows it. The MLP is `down(sub_norm(act(gate(x)) · up(x)))`, the sub-norm
+/// being BitNet's (absent elsewhere).
 #[derive(Module, Debug)]
 pub struct DecoderLayer<B: Backend, L: Module<B>> {
     pub input_layernorm: RmsNorm<B>,
@@ -32,7 +33,11 @@ pub struct DecoderLayer<B: Backend, L: Module<B>> {
     pub post_attention_layernorm: RmsNorm<B>,
     pub gate_proj: L,
     pub up_proj: L,
+    /// BitNet's RMSNorm on the gated product, before `down_proj` quantizes it.
+    pub ffn_sub_norm: Option<RmsNorm<B>>,
     pub down_proj: L,
+    #[module(skip)]
+    pub activation: GluActivation,
 }
 
 #[derive(Module, Debug)]
@@ -112,6 +117,7 @@ impl<B: Backend, L: Module<B>> Decoder<B, L> {
                         o_proj: map("self_attn.o_proj", a.o_proj),
                         q_norm: a.q_norm,
                         k_norm: a.k_norm,
+                        sub_norm: a.sub_norm,
                         num_heads: a.num_heads,
                         num_kv_heads: a.num_kv_heads,
                         head_dim: a.head_dim,
@@ -120,7 +126,9 @@ impl<B: Backend, L: Module<B>> Decoder<B, L> {
                     post_attention_layernorm: layer.post_attention_layernorm,
                     gate_proj: map("mlp.gate_proj", layer.gate_proj),
                     up_proj: map("mlp.up_proj", layer.up_proj),
+                    ffn_sub_norm: layer.ffn_sub_norm,
                     down_proj: map("mlp.down_proj", layer.down_proj),
+                    activation: layer.activation,
                 }
             })
             .collect();
@@ -158,8 +166,8 @@ impl<B: KilnBackend, L: Projection<B>> DecoderLayer<B, L> {
         };
         let attended = self.self_attn.forward(normed, step, cache);
         let (normed, residual) = self.post_attention_layernorm.forward_residual(attended, residual);
-        let gated = swiglu(self.gate_proj.forward(normed.clone()), self.up_proj.forward(normed));
-        (self.down_proj.forward(gated), residual)
+        let gated = glu(self.gate_proj.forward(normed.clone()), self.up_proj.forward(normed), self.activation);
+        (self.down_proj.forward(attention::sub_norm(&self.ffn_sub_norm, gated)), residual)
     }
 }
 

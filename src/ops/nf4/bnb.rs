@@ -9,19 +9,44 @@ use serde::Deserialize;
 
 use super::format::{Absmax, DYNAMIC_CODE, FormatError, NESTED_BLOCK, Packed4, QuantType};
 
-/// A stored tensor's element type, as far as these files use them.
+/// A stored tensor's element type, as far as quantized checkpoints use them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoredDtype {
     U8,
     F32,
+    F16,
+    BF16,
     /// Anything else (named for the error message).
     Other(&'static str),
 }
 
-/// One stored tensor: its element type and raw little-endian bytes.
+impl StoredDtype {
+    /// Bytes of one element (`Other`: 1, so lengths are only compared for known types).
+    pub fn size(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::F16 | Self::BF16 => 2,
+            Self::U8 | Self::Other(_) => 1,
+        }
+    }
+
+    /// The little-endian element at the start of `bytes` as f32, for the float types.
+    pub fn read_f32(self, bytes: &[u8]) -> Option<f32> {
+        let b = bytes.get(..self.size())?;
+        match self {
+            Self::F32 => Some(f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            Self::F16 => Some(half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
+            Self::BF16 => Some(half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+            Self::U8 | Self::Other(_) => None,
+        }
+    }
+}
+
+/// One stored tensor: its element type, shape and raw little-endian bytes.
 #[derive(Debug, Clone, Copy)]
 pub struct Stored<'a> {
     pub dtype: StoredDtype,
+    pub shape: &'a [usize],
     pub bytes: &'a [u8],
 }
 
@@ -106,10 +131,7 @@ pub fn from_bnb<'a>(name: &str, get: impl Fn(&str) -> Option<Stored<'a>>) -> Res
 fn tensor<'a>(get: &impl Fn(&str) -> Option<Stored<'a>>, name: &str, suffix: &str, dtype: StoredDtype, len: usize) -> Result<&'a [u8], FormatError> {
     let full = format!("{name}{suffix}");
     let t = get(&full).ok_or_else(|| FormatError(format!("{full}: missing")))?;
-    let size = match dtype {
-        StoredDtype::F32 => 4,
-        _ => 1,
-    };
+    let size = dtype.size();
     if t.dtype != dtype {
         return Err(FormatError(format!("{full}: dtype {:?}; expected {dtype:?}", t.dtype)));
     }

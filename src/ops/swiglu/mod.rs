@@ -1,5 +1,6 @@
-//! Gated linear units: `swiglu(gate, up) = silu(gate) · up` (Llama/Qwen MLP) and
-//! `geglu(gate, up) = gelu_tanh(gate) · up` (Gemma MLP), each one pass forward and one backward.
+//! Gated linear units: `swiglu(gate, up) = silu(gate) · up` (Llama/Qwen MLP),
+//! `geglu(gate, up) = gelu_tanh(gate) · up` (Gemma MLP) and `relu2_glu(gate, up) = max(gate, 0)² · up`
+//! (BitNet b1.58 MLP), each one pass forward and one backward.
 
 mod backward;
 mod cube;
@@ -38,7 +39,7 @@ crate::backend::reference_backends!(SwiGluBackend);
 /// # Panics
 /// If the shapes or dtypes of `gate` and `up` differ.
 pub fn swiglu<B: SwiGluBackend, const D: usize>(gate: Tensor<B, D>, up: Tensor<B, D>) -> Tensor<B, D> {
-    glu("swiglu", gate, up, GluActivation::Silu)
+    glu(gate, up, GluActivation::Silu)
 }
 
 /// `gelu_tanh(gate) · up`, computed in f32, stored in the input dtype.
@@ -46,10 +47,23 @@ pub fn swiglu<B: SwiGluBackend, const D: usize>(gate: Tensor<B, D>, up: Tensor<B
 /// # Panics
 /// If the shapes or dtypes of `gate` and `up` differ.
 pub fn geglu<B: SwiGluBackend, const D: usize>(gate: Tensor<B, D>, up: Tensor<B, D>) -> Tensor<B, D> {
-    glu("geglu", gate, up, GluActivation::GeluTanh)
+    glu(gate, up, GluActivation::GeluTanh)
 }
 
-fn glu<B: SwiGluBackend, const D: usize>(op: &str, gate: Tensor<B, D>, up: Tensor<B, D>, act: GluActivation) -> Tensor<B, D> {
+/// `max(gate, 0)² · up` (HF's `relu2`), computed in f32, stored in the input dtype.
+///
+/// # Panics
+/// If the shapes or dtypes of `gate` and `up` differ.
+pub fn relu2_glu<B: SwiGluBackend, const D: usize>(gate: Tensor<B, D>, up: Tensor<B, D>) -> Tensor<B, D> {
+    glu(gate, up, GluActivation::Relu2)
+}
+
+/// `act(gate) · up` with the activation chosen at run time (a model's config).
+///
+/// # Panics
+/// If the shapes or dtypes of `gate` and `up` differ.
+pub fn glu<B: SwiGluBackend, const D: usize>(gate: Tensor<B, D>, up: Tensor<B, D>, act: GluActivation) -> Tensor<B, D> {
+    let op = act.op_name();
     let (gate, up) = (prim(gate), prim(up));
     ensure(gate.shape() == up.shape(), op, || {
         format!("gate {:?} and up {:?} must have the same shape", gate.shape().as_slice(), up.shape().as_slice())

@@ -24,6 +24,10 @@ fn activation<B: Backend>(g: Tensor<B, 1>, act: GluActivation) -> (Tensor<B, 1>,
                 + g * (t.square().neg() + 1.0) * (g2 * (3.0 * GELU_CUBIC) + 1.0) * (0.5 * SQRT_2_OVER_PI);
             (value, slope)
         }
+        GluActivation::Relu2 => {
+            let r = g.clamp_min(0.0);
+            (r.clone().square(), r * 2.0)
+        }
     }
 }
 
