@@ -1,7 +1,9 @@
 //! Prefill and decode speed of a randomly initialized model of a real checkpoint's shape
-//! (Qwen2.5-0.5B, Llama-3.2-1B, or a tiny one for a CPU smoke run): prefill tokens/s at a context,
-//! then greedy decode tokens/s at batch 1 over that context, each step's token read back as in
-//! real generation. The GPU check runs it next to `benches/peers/decode.py` (transformers).
+//! (Qwen2.5-0.5B, Llama-3.2-1B, BitNet b1.58 2B, or a tiny one for a CPU smoke run): prefill
+//! tokens/s at a context, then greedy decode tokens/s at batch 1 over that context, each step's
+//! token read back as in real generation; `--ternary` packs the attention and MLP linears to
+//! 2-bit ternary weights (W2A8 products). The GPU check runs it next to `benches/peers/decode.py`
+//! (transformers).
 //!
 //! `cargo run --release -p kiln-models --features cuda --example decode_bench -- --shape qwen2.5-0.5b`
 
@@ -13,11 +15,11 @@ use kiln::KilnBackend;
 use kiln_models::loader::RandomInit;
 use kiln_models::model::build::build;
 use kiln_models::runtime::{OnBackend, dispatch};
-use kiln_models::{DecoderConfig, GenerationConfig};
+use kiln_models::{Decoder, DecoderConfig, GenerationConfig, Projection, TernaryMaker, build_with};
 
 #[derive(Parser, Debug, Clone)]
 struct Args {
-    /// qwen2.5-0.5b, llama3.2-1b or tiny.
+    /// qwen2.5-0.5b, llama3.2-1b, bitnet-2b or tiny.
     #[arg(long, default_value = "qwen2.5-0.5b")]
     shape: String,
     /// Prompt length (prefill) and the context decoding runs over.
@@ -35,6 +37,9 @@ struct Args {
     /// bf16 (default) or f32.
     #[arg(long, default_value = "bf16")]
     dtype: String,
+    /// Packed ternary attention and MLP linears (BitNet's W2A8) instead of float ones.
+    #[arg(long)]
+    ternary: bool,
 }
 
 impl OnBackend for Args {
@@ -43,8 +48,22 @@ impl OnBackend for Args {
     fn run<B: KilnBackend>(self, device: B::Device, name: &str) {
         let dtype = if self.dtype == "f32" { FloatDType::F32 } else { FloatDType::BF16 };
         let config = DecoderConfig::preset(&self.shape).unwrap_or_else(|| panic!("unknown shape {}", self.shape)).with_max_positions(self.context + self.new);
-        let model = build::<B, _, _>(&config, &mut RandomInit { std: 0.02, dtype }, &device, |_, l| l).expect("random init");
-        println!("decode_bench {} on {name}: {} parameters, {:?}, context {}, new {}", self.shape, config.num_params(), dtype, self.context, self.new);
+        let mut init = RandomInit { std: 0.02, dtype };
+        if self.ternary {
+            let model = build_with::<B, _, _>(&config, &mut init, &device, &mut TernaryMaker::default()).expect("random init");
+            self.bench(&model, name)
+        } else {
+            self.bench(&build::<B, _, _>(&config, &mut init, &device, |_, l| l).expect("random init"), name)
+        }
+    }
+}
+
+impl Args {
+    fn bench<B: KilnBackend, L: Projection<B>>(&self, model: &Decoder<B, L>, name: &str) {
+        let (config, device) = (&model.config, model.embed_tokens.weight.device());
+        let dtype = model.dtype();
+        let linears = if self.ternary { "ternary W2A8 linears" } else { "float linears" };
+        println!("decode_bench {} on {name}: {} parameters, {:?}, {linears}, context {}, new {}", self.shape, config.num_params(), dtype, self.context, self.new);
         let prompt: Vec<u32> = (0..self.context).map(|i| ((i * 7919 + 13) % config.vocab_size) as u32).collect();
         for round in 0..self.repeats {
             // Prefill alone: the prompt's forward and its last logits, read back.
@@ -75,9 +94,8 @@ impl OnBackend for Args {
                 (first - start).as_secs_f64() * 1e3,
             );
         }
-        let weights = config.num_params() * if dtype == FloatDType::F32 { 4 } else { 2 };
-        let kv = config.kv_cache_bytes(1, self.context + self.new, if dtype == FloatDType::F32 { 4 } else { 2 });
-        println!("weights {:.3} GB, KV cache {:.3} GB", weights as f64 / 1e9, kv as f64 / 1e9);
+        let kv = config.kv_cache_bytes(1, self.context + self.new, dtype.size());
+        println!("KV cache {:.3} GB", kv as f64 / 1e9);
     }
 }
 

@@ -68,8 +68,8 @@ pub struct DecoderConfig {
 
 impl DecoderConfig {
     /// The shape of a public checkpoint, for benches that run random weights at a real size:
-    /// `qwen2.5-0.5b`, `llama3.2-1b` (without its llama3 RoPE scaling, which costs nothing), or
-    /// `tiny` for CPU smoke runs.
+    /// `qwen2.5-0.5b`, `llama3.2-1b` (without its llama3 RoPE scaling, which costs nothing),
+    /// `bitnet-2b` (BitNet b1.58 2B-4T), or `tiny` for CPU smoke runs.
     pub fn preset(name: &str) -> Option<Self> {
         Some(match name {
             "qwen2.5-0.5b" => Self::new(151_936, 896, 4864, 24, 14, 2, 64)
@@ -81,6 +81,12 @@ impl DecoderConfig {
                 .with_rope_theta(500_000.0)
                 .with_tie_embeddings(true)
                 .with_rms_norm_eps(1e-5),
+            "bitnet-2b" => Self::new(128_256, 2560, 6912, 30, 20, 5, 128)
+                .with_rope_theta(500_000.0)
+                .with_tie_embeddings(true)
+                .with_rms_norm_eps(1e-5)
+                .with_activation(GluActivation::Relu2)
+                .with_sub_norms(true),
             "tiny" => Self::new(512, 64, 128, 2, 4, 2, 16),
             _ => return None,
         })
