@@ -124,7 +124,7 @@ impl TernaryMaker {
         let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| LoadError::malformed(&path, format!("not JSON: {e}")))?;
         let Some(q) = value.get("quantization_config").filter(|v| !v.is_null()) else { return Ok(Self::default()) };
         let field = |name: &str, message: String| LoadError::field(&path, format!("quantization_config.{name}"), message);
-        let q = QuantizationConfig::deserialize(q).map_err(|e| field("*", e.to_string()))?;
+        let q = QuantizationConfig::deserialize(q).map_err(|e| LoadError::field(&path, "quantization_config", e.to_string()))?;
         if q.quant_method != "bitnet" {
             return Err(field("quant_method", format!("`{}` is not BitNet's (`bitnet`)", q.quant_method)));
         }
