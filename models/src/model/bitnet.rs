@@ -7,7 +7,6 @@
 
 use std::path::Path;
 
-use burn::module::Param;
 use burn::tensor::backend::Backend;
 use kiln::nn::{BitLinear, BitLinearConfig, Linear, RmsNorm, TernaryLinear};
 use kiln::ops::nf4::bnb::{Stored, StoredDtype};
@@ -15,7 +14,7 @@ use kiln::ops::ternary::{TernaryMatrix, TernaryWeight};
 use kiln::ops::{rms_norm::RmsNormBackend, ternary::TernaryBackend};
 use serde::Deserialize;
 
-use super::build::{LinearShape, LoadOptions, MakeLinear, float_linear, load_made};
+use super::build::{LinearShape, LoadOptions, MakeLinear, float_linear, load_made, read_norm};
 use super::{Decoder, FloatDecoder};
 use crate::config::Family;
 use crate::error::{LoadError, Result};
@@ -144,20 +143,14 @@ impl TernaryMaker {
     }
 
     fn norm<B: Backend, S: ParamSource>(&self, source: &mut S, name: &str, width: usize, device: &B::Device) -> Result<Option<RmsNorm<B>>> {
-        let Some(epsilon) = self.input_norm else { return Ok(None) };
-        let weight = source.param::<B, 1>(&format!("{name}.rms_norm.weight"), [width], ParamKind::Norm, device)?;
-        Ok(Some(RmsNorm { weight: Param::from_tensor(weight), epsilon }))
+        self.input_norm.map(|epsilon| read_norm(source, &format!("{name}.rms_norm"), width, epsilon, device)).transpose()
     }
 
     /// kiln's scale from `<name>.weight_scale` (one positive finite value of a float type).
     fn scale(&self, stored: Option<Stored<'_>>, name: &str, path: &Path) -> Result<f32> {
         let stored = stored.ok_or_else(|| LoadError::tensor(path, name, "missing from the checkpoint"))?;
-        let count: usize = stored.shape.iter().product();
-        let value = match (count, stored.bytes.len() == stored.dtype.size()) {
-            (1, true) => stored.dtype.read_f32(stored.bytes),
-            _ => None,
-        };
-        let value = value.ok_or_else(|| LoadError::tensor(path, name, format!("expected one F32, F16 or BF16 value; stored {:?} {:?}", stored.dtype, stored.shape)))?;
+        let one = stored.shape.iter().product::<usize>() == 1 && stored.bytes.len() == stored.dtype.size();
+        let value = one.then(|| stored.dtype.read_f32(stored.bytes)).flatten().ok_or_else(|| LoadError::tensor(path, name, format!("expected one F32, F16 or BF16 value; stored {:?} {:?}", stored.dtype, stored.shape)))?;
         let scale = match self.scale {
             ScaleConvention::Divide => value,
             ScaleConvention::Multiply => 1.0 / value,

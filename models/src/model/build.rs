@@ -63,6 +63,12 @@ pub fn float_linear<B: Backend, S: ParamSource>(source: &mut S, name: &str, shap
     Ok(Linear { weight: Param::from_tensor(weight), bias: bias.map(Param::from_tensor) })
 }
 
+/// The RMSNorm whose scale is `<name>.weight` (`[width]`).
+pub(crate) fn read_norm<B: Backend, S: ParamSource>(source: &mut S, name: &str, width: usize, epsilon: f64, device: &B::Device) -> Result<RmsNorm<B>> {
+    let weight = source.param::<B, 1>(&format!("{name}.weight"), [width], ParamKind::Norm, device)?;
+    Ok(RmsNorm { weight: Param::from_tensor(weight), epsilon })
+}
+
 /// Builds the decoder from `source`; each attention/MLP linear passes through `map` with its HF
 /// module path as it is built (quantize or wrap while loading, one layer in memory at a time).
 pub fn build<B: Backend, L: Module<B>, S: ParamSource>(
@@ -106,8 +112,7 @@ struct Builder<'a, S, D> {
 
 impl<S: ParamSource, D> Builder<'_, S, D> {
     fn norm<B: Backend<Device = D>>(&mut self, name: &str, width: usize, epsilon: f64) -> Result<RmsNorm<B>> {
-        let weight = self.source.param::<B, 1>(&format!("{name}.weight"), [width], ParamKind::Norm, self.device)?;
-        Ok(RmsNorm { weight: Param::from_tensor(weight), epsilon })
+        read_norm(self.source, name, width, epsilon, self.device)
     }
 
     fn layer<B: Backend<Device = D>, M: MakeLinear<B>>(&mut self, c: &DecoderConfig, i: usize, maker: &mut M) -> Result<DecoderLayer<B, M::Linear>> {
