@@ -1,11 +1,13 @@
 // LD_PRELOAD shim that counts and times CUDA driver calls made through dlsym (cudarc loads the
 // driver with libloading), to see where a CubeCL launch waits for the GPU. At exit it prints one
-// line per watched function: calls, total and longest time in the call.
+// line per watched function: calls, total and longest time in the call. With CUDA_TRACE_KERNELS
+// set it also prints launches per kernel (named by cuFuncGetName), most launched first.
 //   gcc -O2 -shared -fPIC -o cuda_trace.so cuda_trace.c -ldl
 //   LD_PRELOAD=./cuda_trace.so ./kiln-gpu-check gemm-skinny 1
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -41,7 +43,23 @@ WRAP(CTX_SYNC, (void), ())
 WRAP(STREAM_WAIT_EVENT, (H a, H b, unsigned c), (a, b, c))
 WRAP(EVENT_QUERY, (H a), (a))
 WRAP(STREAM_QUERY, (H a), (a))
-WRAP(LAUNCH, (H f, unsigned a, unsigned b, unsigned c, unsigned d, unsigned e, unsigned g, unsigned sm, H st, void **p, void **x), (f, a, b, c, d, e, g, sm, st, p, x))
+// Launches per function handle (open addressing; handles are never freed while kiln runs).
+#define N_KERNELS 4096
+static H kernel_fn[N_KERNELS];
+static unsigned long long kernel_calls[N_KERNELS];
+static void *driver;
+static void count_kernel(H f) {
+    unsigned long long h = ((unsigned long long)f >> 4) % N_KERNELS;
+    for (int i = 0; i < N_KERNELS; i++, h = (h + 1) % N_KERNELS)
+        if (kernel_fn[h] == f || !kernel_fn[h]) { kernel_fn[h] = f; kernel_calls[h]++; return; }
+}
+static CUresult w_LAUNCH(H f, unsigned a, unsigned b, unsigned c, unsigned d, unsigned e, unsigned g, unsigned sm, H st, void **p, void **x) {
+    count_kernel(f);
+    double t0_ = now();
+    CUresult r = ((CUresult(*)(H, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, H, void **, void **))real[LAUNCH])(f, a, b, c, d, e, g, sm, st, p, x);
+    account(LAUNCH, t0_);
+    return r;
+}
 WRAP(HTOD_ASYNC, (P d, const void *s, size_t n, H st), (d, s, n, st))
 WRAP(DTOH_ASYNC, (void *d, P s, size_t n, H st), (d, s, n, st))
 WRAP(MEM_ALLOC, (P *d, size_t n), (d, n))
@@ -57,11 +75,31 @@ void *dlsym(void *handle, const char *symbol) {
     if (!next) next = (void *(*)(void *, const char *))dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
     void *p = next(handle, symbol);
     for (int f = 0; p && f < N_FNS; f++)
-        if (!strcmp(symbol, names[f])) { real[f] = p; return wrappers[f]; }
+        if (!strcmp(symbol, names[f])) { real[f] = p; driver = handle; return wrappers[f]; }
     return p;
 }
 
+static int by_calls(const void *a, const void *b) {
+    unsigned long long x = kernel_calls[*(const int *)a], y = kernel_calls[*(const int *)b];
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static void report_kernels(void) {
+    static int order[N_KERNELS];
+    int n = 0;
+    for (int i = 0; i < N_KERNELS; i++)
+        if (kernel_fn[i]) order[n++] = i;
+    qsort(order, n, sizeof(int), by_calls);
+    CUresult (*name_of)(const char **, H) = driver ? (CUresult(*)(const char **, H))dlsym(driver, "cuFuncGetName") : 0;
+    for (int i = 0; i < n; i++) {
+        const char *name = "?";
+        if (name_of) name_of(&name, kernel_fn[order[i]]);
+        fprintf(stderr, "cuda_trace kernel %9llu  %s\n", kernel_calls[order[i]], name);
+    }
+}
+
 __attribute__((destructor)) static void report(void) {
+    if (getenv("CUDA_TRACE_KERNELS")) report_kernels();
     for (int f = 0; f < N_FNS; f++)
         if (calls[f])
             fprintf(stderr, "cuda_trace %-22s calls %9llu  total %12.1f us  mean %8.2f us  longest %10.1f us\n",

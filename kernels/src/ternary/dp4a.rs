@@ -1,5 +1,7 @@
 //! The W2A8 GEMV on CUDA (`gemv.cu`): the portable kernel's product with `__dp4a`, one
 //! instruction per four codes, launched through CubeCL's CUDA runtime ([`crate::cuda_source`]).
+//! [`launch_gemv_fused`] also quantizes the float activations in the same kernel, so a decoding
+//! step's ternary linear is one launch instead of two.
 
 use cubecl::cuda::CudaRuntime;
 use cubecl::prelude::*;
@@ -13,7 +15,7 @@ const FINGERPRINT: u64 = fingerprint(&[SOURCE]);
 /// Threads per cube.
 const CUBE_THREADS: usize = 256;
 
-/// Output element type of the GEMV.
+/// Element type of the GEMV's float input (fused entry) and output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutKind {
     F32 = 0,
@@ -38,8 +40,17 @@ fn tiling(rows: usize, n: usize, kv: usize) -> (usize, usize) {
 }
 
 fn source(params: &[u32]) -> String {
-    let [rows, threads, features, out] = params else { unreachable!("four gemv parameters") };
-    format!("#define KILN_ROWS {rows}\n#define KILN_T {threads}\n#define KILN_FPT {features}\n#define KILN_OUT_KIND {out}\n{SOURCE}")
+    let [rows, threads, features, out, input] = params else { unreachable!("five gemv parameters") };
+    format!("#define KILN_ROWS {rows}\n#define KILN_T {threads}\n#define KILN_FPT {features}\n#define KILN_OUT_KIND {out}\n#define KILN_IN_KIND {input}\n{SOURCE}")
+}
+
+/// The kernel variant for `rows` activation rows against `[n, k]`, with its tiling.
+fn kernel(entry: &'static str, rows: usize, n: usize, k: usize, kinds: [OutKind; 2], shared_bytes: usize) -> (CudaSourceKernel, usize, usize) {
+    assert!((1..=GEMV_MAX_ROWS).contains(&rows) && k <= MAX_K && n < u32::MAX as usize, "kiln ternary dp4a gemv: {rows} rows, [{n}, {k}]");
+    let (threads, features) = tiling(rows, n, k.div_ceil(ROW_GRANULE));
+    let params = [rows, threads, features, kinds[0] as usize, kinds[1] as usize].map(|p| p as u32);
+    let kernel = CudaSourceKernel { entry, key: (FINGERPRINT, params.to_vec()), cube_dim: CubeDim::new_1d(CUBE_THREADS as u32), shared_bytes, source };
+    (kernel, threads, features)
 }
 
 /// The bindings of one product: packed activations `[rows, k]` with their f32 scales and code
@@ -56,19 +67,45 @@ pub struct GemvArgs {
 /// Enqueues `out = acc / (s_x · s_w)` on `client`'s stream.
 #[allow(clippy::too_many_arguments)]
 pub fn launch_gemv(client: &ComputeClient<CudaRuntime>, out_kind: OutKind, rows: usize, n: usize, k: usize, group: usize, args: GemvArgs) {
-    assert!((1..=GEMV_MAX_ROWS).contains(&rows) && k <= MAX_K && n < u32::MAX as usize, "kiln ternary dp4a gemv: {rows} rows, [{n}, {k}]");
-    let kv = k.div_ceil(ROW_GRANULE);
-    let (threads, features) = tiling(rows, n, kv);
-    let params = [rows, threads, features, out_kind as usize].map(|p| p as u32);
-    let kernel = CudaSourceKernel {
-        entry: "kiln_ternary_gemv",
-        key: (FINGERPRINT, params.to_vec()),
-        cube_dim: CubeDim::new_1d(CUBE_THREADS as u32),
-        shared_bytes: 0,
-        source,
-    };
-    let slots = n.div_ceil(features);
-    let cubes = CubeCount::Static((slots * threads).div_ceil(CUBE_THREADS) as u32, 1, 1);
+    let (kernel, threads, features) = kernel("kiln_ternary_gemv", rows, n, k, [out_kind, OutKind::F32], 0);
+    let cubes = CubeCount::Static((n.div_ceil(features) * threads).div_ceil(CUBE_THREADS) as u32, 1, 1);
     let buffers = vec![args.x, args.x_scales, args.x_sums, args.words, args.w_scales, args.out];
-    kernel.launch(client, cubes, buffers, &[n as u32, kv as u32, group as u32]);
+    kernel.launch(client, cubes, buffers, &[n as u32, k.div_ceil(ROW_GRANULE) as u32, group as u32]);
+}
+
+/// The most shared memory the fused GEMV gives its activation codes (`rows · padded k` bytes):
+/// at this size two cubes still fit an H100 SM. Longer rows take the two-kernel path.
+pub const FUSED_MAX_SHARED: usize = 96 * 1024;
+
+/// The bindings of a fused product: float activations `[rows, k]`, the packed weight `[n, k]`
+/// with its group scales, and the output `[rows, n]`.
+pub struct FusedArgs {
+    pub x: Binding,
+    pub words: Binding,
+    pub w_scales: Binding,
+    pub out: Binding,
+}
+
+/// Enqueues the product of float activations (`in_kind`) with a packed weight as one kernel:
+/// each cube quantizes the activations into shared memory, then strides over output features.
+/// Returns `false` (enqueuing nothing) when the codes exceed [`FUSED_MAX_SHARED`] or
+/// `KILN_TERNARY_GEMV_FUSED=0` asks for the two-kernel path (to measure one against the other).
+pub fn launch_gemv_fused(client: &ComputeClient<CudaRuntime>, kinds: [OutKind; 2], rows: usize, n: usize, k: usize, group: usize, args: FusedArgs) -> bool {
+    let kv = k.div_ceil(ROW_GRANULE);
+    let shared = rows * kv * ROW_GRANULE;
+    if shared > FUSED_MAX_SHARED || crate::measurement_override("KILN_TERNARY_GEMV_FUSED", 0..=1) == Some(0) {
+        return false;
+    }
+    let [out_kind, in_kind] = kinds;
+    let (kernel, threads, features) = kernel("kiln_ternary_gemv_fused", rows, n, k, [out_kind, in_kind], shared);
+    // Every cube quantizes the whole activation once, so the grid is as many cubes as can be
+    // resident (by threads and shared memory), each striding over the features.
+    let hardware = &client.properties().hardware;
+    let resident = (2048 / CUBE_THREADS).min(hardware.max_shared_memory_size / (shared + 1024)).max(1);
+    let needed = (n.div_ceil(features) * threads).div_ceil(CUBE_THREADS);
+    let cubes = needed.min(resident * hardware.num_streaming_multiprocessors.unwrap_or(132) as usize);
+    let iterations = needed.div_ceil(cubes);
+    let buffers = vec![args.x, args.words, args.w_scales, args.out];
+    kernel.launch(client, CubeCount::Static(cubes as u32, 1, 1), buffers, &[n as u32, kv as u32, group as u32, k as u32, iterations as u32]);
+    true
 }

@@ -5,8 +5,17 @@
 // `KILN_T` threads share a weight row along k (a power of two up to 32, so the sum is a shuffle
 // reduction), and each thread takes `KILN_FPT` output features, so one load of activations
 // serves that many weight rows. The codes are 0..2, so `dp4a(codes, x)` sums `(w + 1) · x` and the
-// row's code sum `Σx` (from the quantize kernel) is subtracted at the end.
-// Defines: KILN_ROWS (activation rows, 1..8), KILN_T, KILN_FPT, KILN_OUT_KIND (0 f32, 1 f16, 2 bf16).
+// row's code sum `Σx` is subtracted at the end.
+//
+// Two entry points share that product:
+// - `kiln_ternary_gemv` reads activations quantized by a separate kernel (codes, scales, sums);
+// - `kiln_ternary_gemv_fused` takes the float activations: each cube quantizes them into shared
+//   memory first (absmax, codes, code sums; the same definition as the activation kernel), then
+//   strides over output features, so a product is one launch.
+// Defines: KILN_ROWS (activation rows, 1..8), KILN_T, KILN_FPT, KILN_OUT_KIND and KILN_IN_KIND
+// (0 f32, 1 f16, 2 bf16; the input kind only matters to the fused entry).
+
+#define KILN_CUBE 256
 
 #if KILN_OUT_KIND == 0
 typedef float out_t;
@@ -24,10 +33,31 @@ __device__ __forceinline__ out_t kiln_out(float v) {
 }
 #endif
 
+#if KILN_IN_KIND == 0
+typedef float in_t;
+__device__ __forceinline__ float kiln_in(in_t v) { return v; }
+#elif KILN_IN_KIND == 1
+typedef unsigned short in_t;
+__device__ __forceinline__ float kiln_in(in_t v) {
+    float r;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(v));
+    return r;
+}
+#else
+typedef unsigned short in_t;
+__device__ __forceinline__ float kiln_in(in_t v) { return __uint_as_float((unsigned)v << 16); }
+#endif
+
 struct Params {
     unsigned n;      // output features
     unsigned kv;     // 16-byte weight vectors per row
     unsigned group;  // output rows per weight scale
+};
+
+struct FusedParams {
+    unsigned n, kv, group;
+    unsigned k;           // activation row length
+    unsigned iterations;  // feature strides per cube
 };
 
 __device__ __forceinline__ int dot16(unsigned word, uint4 a, int acc) {
@@ -37,32 +67,48 @@ __device__ __forceinline__ int dot16(unsigned word, uint4 a, int acc) {
     return __dp4a((int)((word >> 6) & 0x03030303u), (int)a.w, acc);
 }
 
-extern "C" __global__ void __launch_bounds__(256) kiln_ternary_gemv(
-    const uint4* __restrict__ x, const float* __restrict__ x_scales, const float* __restrict__ x_sums,
-    const uint4* __restrict__ w, const float* __restrict__ w_scales, out_t* __restrict__ out,
-    const __grid_constant__ Params p) {
-    const unsigned lane = threadIdx.x % KILN_T;
-    const unsigned slot = (blockIdx.x * blockDim.x + threadIdx.x) / KILN_T;
+// Activation codes in global memory, as the activation kernel writes them: row r, vector v,
+// quarter j at `x[(r · kv + v) · 4 + j]`.
+struct GlobalActs {
+    const uint4* __restrict__ x;
+    unsigned kv;
+    __device__ __forceinline__ uint4 get(int r, int j, unsigned v) const { return __ldg(x + ((size_t)r * kv + v) * 4 + j); }
+};
+
+// Activation codes in shared memory, one plane per (row, quarter) so that the threads of a
+// weight row, at consecutive `v`, read consecutive 16-byte words (no bank conflicts).
+struct SharedActs {
+    const uint4* x;
+    unsigned kv;
+    __device__ __forceinline__ uint4 get(int r, int j, unsigned v) const { return x[(r * 4 + j) * kv + v]; }
+};
+
+// One slot: output features `slot · FPT ..` for every activation row. Every thread of the warp
+// calls this (the sums are shuffles); slots past `n` load and store nothing.
+template <class Acts>
+__device__ __forceinline__ void kiln_slot(const Acts acts, const float* sx, const int* sums, const uint4* __restrict__ w,
+                                          const float* __restrict__ w_scales, out_t* __restrict__ out, unsigned n,
+                                          unsigned group, unsigned slot, unsigned lane) {
     const unsigned f0 = slot * KILN_FPT;
+    const unsigned kv = acts.kv;
     int acc[KILN_FPT][KILN_ROWS];
 #pragma unroll
     for (int f = 0; f < KILN_FPT; ++f)
 #pragma unroll
         for (int r = 0; r < KILN_ROWS; ++r) acc[f][r] = 0;
 
-    if (f0 < p.n) {
+    if (f0 < n) {
         const uint4* wrow[KILN_FPT];
 #pragma unroll
-        for (int f = 0; f < KILN_FPT; ++f) wrow[f] = w + (size_t)(f0 + f < p.n ? f0 + f : p.n - 1) * p.kv;
+        for (int f = 0; f < KILN_FPT; ++f) wrow[f] = w + (size_t)(f0 + f < n ? f0 + f : n - 1) * kv;
 #pragma unroll 4
-        for (unsigned v = lane; v < p.kv; v += KILN_T) {
+        for (unsigned v = lane; v < kv; v += KILN_T) {
             uint4 wv[KILN_FPT];
 #pragma unroll
             for (int f = 0; f < KILN_FPT; ++f) wv[f] = __ldg(wrow[f] + v);
 #pragma unroll
             for (int r = 0; r < KILN_ROWS; ++r) {
-                const uint4* xa = x + ((size_t)r * p.kv + v) * 4;
-                const uint4 a0 = __ldg(xa), a1 = __ldg(xa + 1), a2 = __ldg(xa + 2), a3 = __ldg(xa + 3);
+                const uint4 a0 = acts.get(r, 0, v), a1 = acts.get(r, 1, v), a2 = acts.get(r, 2, v), a3 = acts.get(r, 3, v);
 #pragma unroll
                 for (int f = 0; f < KILN_FPT; ++f) {
                     int s = acc[f][r];
@@ -87,14 +133,99 @@ extern "C" __global__ void __launch_bounds__(256) kiln_ternary_gemv(
 #pragma unroll
         for (int f = 0; f < KILN_FPT; ++f) {
             const unsigned feature = f0 + f;
-            if (feature < p.n) {
-                const float sw = w_scales[feature / p.group];
+            if (feature < n) {
+                const float sw = w_scales[feature / group];
 #pragma unroll
-                for (int r = 0; r < KILN_ROWS; ++r) {
-                    const int total = acc[f][r] - (int)x_sums[r];
-                    out[(size_t)r * p.n + feature] = kiln_out((float)total / (x_scales[r] * sw));
-                }
+                for (int r = 0; r < KILN_ROWS; ++r) out[(size_t)r * n + feature] = kiln_out((float)(acc[f][r] - sums[r]) / (sx[r] * sw));
             }
         }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(KILN_CUBE) kiln_ternary_gemv(
+    const uint4* __restrict__ x, const float* __restrict__ x_scales, const float* __restrict__ x_sums,
+    const uint4* __restrict__ w, const float* __restrict__ w_scales, out_t* __restrict__ out,
+    const __grid_constant__ Params p) {
+    float sx[KILN_ROWS];
+    int sums[KILN_ROWS];
+#pragma unroll
+    for (int r = 0; r < KILN_ROWS; ++r) {
+        sx[r] = x_scales[r];
+        sums[r] = (int)x_sums[r];
+    }
+    const unsigned slot = (blockIdx.x * blockDim.x + threadIdx.x) / KILN_T;
+    kiln_slot(GlobalActs{x, p.kv}, sx, sums, w, w_scales, out, p.n, p.group, slot, threadIdx.x % KILN_T);
+}
+
+// `v` reduced over the cube with `op` (every thread gets the result). `scratch` holds a value
+// per warp; the leading barrier lets a previous call's readers finish first.
+template <class T, class Op>
+__device__ __forceinline__ T kiln_cube_reduce(T v, T* scratch, Op op) {
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
+    __syncthreads();
+    v = scratch[0];
+#pragma unroll
+    for (int i = 1; i < KILN_CUBE / 32; ++i) v = op(v, scratch[i]);
+    return v;
+}
+
+struct KilnMax {
+    // `b > a` keeps `a` when `b` is NaN (whose code is 0 anyway), as the activation kernel does.
+    __device__ __forceinline__ float operator()(float a, float b) const { return b > a ? b : a; }
+};
+struct KilnSum {
+    __device__ __forceinline__ int operator()(int a, int b) const { return a + b; }
+};
+
+// The int8 code of `v · s`: rounded half to even, clamped to [−128, 127]; NaN gives 0 (the
+// comparisons are false and the conversion of NaN is 0).
+__device__ __forceinline__ int kiln_code(float v, float s) {
+    float q = rintf(v * s);
+    q = q < -128.f ? -128.f : (q > 127.f ? 127.f : q);
+    return (int)q;
+}
+
+extern "C" __global__ void __launch_bounds__(KILN_CUBE) kiln_ternary_gemv_fused(
+    const in_t* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ w_scales, out_t* __restrict__ out,
+    const __grid_constant__ FusedParams p) {
+    extern __shared__ uint4 kiln_codes[];  // [rows][4][kv] (SharedActs)
+    __shared__ float max_scratch[KILN_CUBE / 32];
+    __shared__ int sum_scratch[KILN_CUBE / 32];
+    unsigned* words = (unsigned*)kiln_codes;
+    const unsigned tid = threadIdx.x;
+    float sx[KILN_ROWS];
+    int sums[KILN_ROWS];
+#pragma unroll
+    for (int r = 0; r < KILN_ROWS; ++r) {
+        const in_t* row = x + (size_t)r * p.k;
+        float m = 0.f;
+        for (unsigned i = tid; i < p.k; i += KILN_CUBE) m = KilnMax()(m, fabsf(kiln_in(row[i])));
+        const float s = 127.f / fmaxf(kiln_cube_reduce(m, max_scratch, KilnMax()), 1e-5f);
+        int sum = 0;
+        for (unsigned wi = tid; wi < p.kv * 16; wi += KILN_CUBE) {
+            unsigned word = 0;
+#pragma unroll
+            for (unsigned b = 0; b < 4; ++b) {
+                const unsigned j = wi * 4 + b;
+                if (j < p.k) {
+                    const int q = kiln_code(kiln_in(row[j]), s);
+                    sum += q;
+                    word |= ((unsigned)q & 0xffu) << (8 * b);
+                }
+            }
+            // Word `wi` of the row is word `wi % 4` of quarter `(wi / 4) % 4` of vector `wi / 16`.
+            words[((r * 4 + (wi / 4) % 4) * p.kv + wi / 16) * 4 + wi % 4] = word;
+        }
+        sx[r] = s;
+        sums[r] = kiln_cube_reduce(sum, sum_scratch, KilnSum());
+    }
+    __syncthreads();
+    const SharedActs acts{kiln_codes, p.kv};
+    for (unsigned it = 0; it < p.iterations; ++it) {
+        const unsigned slot = ((it * gridDim.x + blockIdx.x) * KILN_CUBE + tid) / KILN_T;
+        kiln_slot(acts, sx, sums, w, w_scales, out, p.n, p.group, slot, tid % KILN_T);
     }
 }

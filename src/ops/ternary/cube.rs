@@ -136,13 +136,19 @@ fn packed_acts<R: CubeRuntime>(x: &CubeTensor<R>) -> [CubeTensor<R>; 3] {
     [words, scales, sums]
 }
 
-/// The GEMV: activations quantized and packed, then the `dp4a` kernel on CUDA or the portable one.
+/// The GEMV: on CUDA one `dp4a` kernel that also quantizes the activations where they fit its
+/// shared memory; otherwise activations quantized and packed by one kernel, then the `dp4a`
+/// kernel on CUDA or the portable one.
 fn gemv<R: CubeRuntime>(x: CubeTensor<R>, weight: &Weight<R>) -> CubeTensor<R> {
     let [m, k] = dims(&x);
     let l = weight.layout;
     let client = x.client.clone();
-    let [words, scales, sums] = packed_acts(&x);
     let out = empty_like_device(&x, [m, l.n], x.dtype);
+    #[cfg(feature = "cuda")]
+    if dp4a::gemv_fused(&x, m, weight, &out) {
+        return out;
+    }
+    let [words, scales, sums] = packed_acts(&x);
     #[cfg(feature = "cuda")]
     if dp4a::gemv(&x, m, weight, [&words, &scales, &sums], &out) {
         return out;
@@ -214,7 +220,9 @@ mod int8 {
 mod dp4a {
     use burn::tensor::DType;
     use burn_cubecl::{CubeRuntime, tensor::CubeTensor};
-    use kiln_kernels::ternary::dp4a::{GemvArgs, OutKind, launch_gemv};
+    use cubecl::cuda::CudaRuntime;
+    use cubecl::prelude::ComputeClient;
+    use kiln_kernels::ternary::dp4a::{FusedArgs, GemvArgs, OutKind, launch_gemv, launch_gemv_fused};
 
     use super::Weight;
     use crate::backend::cube::cuda;
@@ -223,20 +231,33 @@ mod dp4a {
         t.handle.clone().binding()
     }
 
-    /// The `dp4a` GEMV, if `x` lives on a CUDA device that has the instruction (compute
-    /// capability 6.1 and up); `false` leaves the product to the portable kernel.
-    pub(super) fn gemv<R: CubeRuntime>(x: &CubeTensor<R>, m: usize, weight: &Weight<R>, acts: [&CubeTensor<R>; 3], out: &CubeTensor<R>) -> bool {
-        let Some(client) = cuda::client(x) else { return false };
-        let capable = cuda::device_index(x).and_then(cuda::compute_capability).is_some_and(|cc| cc >= (6, 1));
+    /// The CUDA client and the kernels' element kind for `out`, if `x` lives on a CUDA device
+    /// with `dp4a` (compute capability 6.1 and up) and `out` is f32, f16 or bf16.
+    fn target<'a, R: CubeRuntime>(x: &'a CubeTensor<R>, out: &CubeTensor<R>) -> Option<(&'a ComputeClient<CudaRuntime>, OutKind)> {
+        let client = cuda::client(x)?;
         let kind = match out.dtype {
             DType::F32 => OutKind::F32,
             DType::F16 => OutKind::F16,
             DType::BF16 => OutKind::Bf16,
-            _ => return false,
+            _ => return None,
         };
-        if !capable {
-            return false;
-        }
+        cuda::device_index(x).and_then(cuda::compute_capability).is_some_and(|cc| cc >= (6, 1)).then_some((client, kind))
+    }
+
+    /// The fused GEMV (float activations quantized in the kernel), if [`target`] allows and the
+    /// activation codes fit its shared memory; `false` enqueues nothing.
+    pub(super) fn gemv_fused<R: CubeRuntime>(x: &CubeTensor<R>, m: usize, weight: &Weight<R>, out: &CubeTensor<R>) -> bool {
+        let Some((client, kind)) = target(x, out) else { return false };
+        let l = weight.layout;
+        let args = FusedArgs { x: binding(x), words: binding(&weight.words), w_scales: binding(&weight.scales), out: binding(out) };
+        // `x` and `out` share their dtype.
+        launch_gemv_fused(client, [kind, kind], m, l.n, l.k, l.group, args)
+    }
+
+    /// The `dp4a` GEMV on quantized activations, if [`target`] allows; `false` leaves the
+    /// product to the portable kernel.
+    pub(super) fn gemv<R: CubeRuntime>(x: &CubeTensor<R>, m: usize, weight: &Weight<R>, acts: [&CubeTensor<R>; 3], out: &CubeTensor<R>) -> bool {
+        let Some((client, kind)) = target(x, out) else { return false };
         let l = weight.layout;
         let [words, scales, sums] = acts;
         let args = GemvArgs {
