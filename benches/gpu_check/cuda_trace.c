@@ -1,7 +1,8 @@
 // LD_PRELOAD shim that counts and times CUDA driver calls made through dlsym (cudarc loads the
 // driver with libloading), to see where a CubeCL launch waits for the GPU. At exit it prints one
 // line per watched function: calls, total and longest time in the call. With CUDA_TRACE_KERNELS
-// set it also prints launches per kernel (named by cuFuncGetName), most launched first.
+// set it also prints launches per kernel (named where cuModuleGetFunction made the handle), most
+// launched first.
 //   gcc -O2 -shared -fPIC -o cuda_trace.so cuda_trace.c -ldl
 //   LD_PRELOAD=./cuda_trace.so ./kiln-gpu-check gemm-skinny 1
 #define _GNU_SOURCE
@@ -47,11 +48,23 @@ WRAP(STREAM_QUERY, (H a), (a))
 #define N_KERNELS 4096
 static H kernel_fn[N_KERNELS];
 static unsigned long long kernel_calls[N_KERNELS];
-static void *driver;
-static void count_kernel(H f) {
+static char kernel_name[N_KERNELS][96];
+static int slot_of(H f) {
     unsigned long long h = ((unsigned long long)f >> 4) % N_KERNELS;
     for (int i = 0; i < N_KERNELS; i++, h = (h + 1) % N_KERNELS)
-        if (kernel_fn[h] == f || !kernel_fn[h]) { kernel_fn[h] = f; kernel_calls[h]++; return; }
+        if (kernel_fn[h] == f || !kernel_fn[h]) { kernel_fn[h] = f; return (int)h; }
+    return -1;
+}
+static void count_kernel(H f) {
+    int h = slot_of(f);
+    if (h >= 0) kernel_calls[h]++;
+}
+static void *real_get_function;
+static CUresult w_get_function(H *f, H module, const char *name) {
+    CUresult r = ((CUresult(*)(H *, H, const char *))real_get_function)(f, module, name);
+    int h = r == 0 ? slot_of(*f) : -1;
+    if (h >= 0) snprintf(kernel_name[h], sizeof kernel_name[h], "%s", name);
+    return r;
 }
 static CUresult w_LAUNCH(H f, unsigned a, unsigned b, unsigned c, unsigned d, unsigned e, unsigned g, unsigned sm, H st, void **p, void **x) {
     count_kernel(f);
@@ -75,7 +88,8 @@ void *dlsym(void *handle, const char *symbol) {
     if (!next) next = (void *(*)(void *, const char *))dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
     void *p = next(handle, symbol);
     for (int f = 0; p && f < N_FNS; f++)
-        if (!strcmp(symbol, names[f])) { real[f] = p; driver = handle; return wrappers[f]; }
+        if (!strcmp(symbol, names[f])) { real[f] = p; return wrappers[f]; }
+    if (p && !strcmp(symbol, "cuModuleGetFunction")) { real_get_function = p; return w_get_function; }
     return p;
 }
 
@@ -90,12 +104,8 @@ static void report_kernels(void) {
     for (int i = 0; i < N_KERNELS; i++)
         if (kernel_fn[i]) order[n++] = i;
     qsort(order, n, sizeof(int), by_calls);
-    CUresult (*name_of)(const char **, H) = driver ? (CUresult(*)(const char **, H))dlsym(driver, "cuFuncGetName") : 0;
-    for (int i = 0; i < n; i++) {
-        const char *name = "?";
-        if (name_of) name_of(&name, kernel_fn[order[i]]);
-        fprintf(stderr, "cuda_trace kernel %9llu  %s\n", kernel_calls[order[i]], name);
-    }
+    for (int i = 0; i < n; i++)
+        fprintf(stderr, "cuda_trace kernel %9llu  %s\n", kernel_calls[order[i]], kernel_name[order[i]][0] ? kernel_name[order[i]] : "?");
 }
 
 __attribute__((destructor)) static void report(void) {

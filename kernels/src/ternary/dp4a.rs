@@ -76,6 +76,11 @@ pub fn launch_gemv(client: &ComputeClient<CudaRuntime>, out_kind: OutKind, rows:
 /// The most shared memory the fused GEMV gives its activation codes (`rows · padded k` bytes):
 /// at this size two cubes still fit an H100 SM. Longer rows take the two-kernel path.
 pub const FUSED_MAX_SHARED: usize = 96 * 1024;
+/// The most activation rows the fused GEMV takes. Each cube quantizes every row before its first
+/// product and then reads all rows' codes from shared memory for each weight vector: at 8 rows
+/// that cost 1.1–1.6× the two-kernel path's time on the H200 (28672 × 8192: 142 against 96 µs),
+/// while one row gains 1.1–1.7× (`benches/RESULTS.md`, twenty-fifth session).
+pub const FUSED_MAX_ROWS: usize = 4;
 
 /// The bindings of a fused product: float activations `[rows, k]`, the packed weight `[n, k]`
 /// with its group scales, and the output `[rows, n]`.
@@ -88,12 +93,13 @@ pub struct FusedArgs {
 
 /// Enqueues the product of float activations (`in_kind`) with a packed weight as one kernel:
 /// each cube quantizes the activations into shared memory, then strides over output features.
-/// Returns `false` (enqueuing nothing) when the codes exceed [`FUSED_MAX_SHARED`] or
-/// `KILN_TERNARY_GEMV_FUSED=0` asks for the two-kernel path (to measure one against the other).
+/// Returns `false` (enqueuing nothing) beyond [`FUSED_MAX_ROWS`] rows, when the codes exceed
+/// [`FUSED_MAX_SHARED`], or when `KILN_TERNARY_GEMV_FUSED=0` asks for the two-kernel path (to
+/// measure one against the other).
 pub fn launch_gemv_fused(client: &ComputeClient<CudaRuntime>, kinds: [OutKind; 2], rows: usize, n: usize, k: usize, group: usize, args: FusedArgs) -> bool {
     let kv = k.div_ceil(ROW_GRANULE);
     let shared = rows * kv * ROW_GRANULE;
-    if shared > FUSED_MAX_SHARED || crate::measurement_override("KILN_TERNARY_GEMV_FUSED", 0..=1) == Some(0) {
+    if rows > FUSED_MAX_ROWS || shared > FUSED_MAX_SHARED || crate::measurement_override("KILN_TERNARY_GEMV_FUSED", 0..=1) == Some(0) {
         return false;
     }
     let [out_kind, in_kind] = kinds;
@@ -102,9 +108,10 @@ pub fn launch_gemv_fused(client: &ComputeClient<CudaRuntime>, kinds: [OutKind; 2
     // resident (by threads and shared memory), each striding over the features.
     let hardware = &client.properties().hardware;
     let resident = (2048 / CUBE_THREADS).min(hardware.max_shared_memory_size / (shared + 1024)).max(1);
+    // The same number of strides for every cube.
     let needed = (n.div_ceil(features) * threads).div_ceil(CUBE_THREADS);
-    let cubes = needed.min(resident * hardware.num_streaming_multiprocessors.unwrap_or(132) as usize);
-    let iterations = needed.div_ceil(cubes);
+    let iterations = needed.div_ceil(resident * hardware.num_streaming_multiprocessors.unwrap_or(132) as usize);
+    let cubes = needed.div_ceil(iterations);
     let buffers = vec![args.x, args.words, args.w_scales, args.out];
     kernel.launch(client, CubeCount::Static(cubes as u32, 1, 1), buffers, &[n as u32, kv as u32, group as u32, k as u32, iterations as u32]);
     true

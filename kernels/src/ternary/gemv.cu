@@ -157,19 +157,26 @@ extern "C" __global__ void __launch_bounds__(KILN_CUBE) kiln_ternary_gemv(
     kiln_slot(GlobalActs{x, p.kv}, sx, sums, w, w_scales, out, p.n, p.group, slot, threadIdx.x % KILN_T);
 }
 
-// `v` reduced over the cube with `op` (every thread gets the result). `scratch` holds a value
-// per warp; the leading barrier lets a previous call's readers finish first.
+// Each row's `v[r]` reduced over the cube with `op` (every thread gets the results). `scratch`
+// holds a value per row and warp; the leading barrier lets a previous call's readers finish.
 template <class T, class Op>
-__device__ __forceinline__ T kiln_cube_reduce(T v, T* scratch, Op op) {
+__device__ __forceinline__ void kiln_cube_reduce_rows(T (&v)[KILN_ROWS], T* scratch, Op op) {
 #pragma unroll
-    for (int o = 16; o > 0; o /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-    __syncthreads();
-    if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
-    __syncthreads();
-    v = scratch[0];
+    for (int r = 0; r < KILN_ROWS; ++r)
 #pragma unroll
-    for (int i = 1; i < KILN_CUBE / 32; ++i) v = op(v, scratch[i]);
-    return v;
+        for (int o = 16; o > 0; o /= 2) v[r] = op(v[r], __shfl_xor_sync(0xffffffffu, v[r], o));
+    __syncthreads();
+    if (threadIdx.x % 32 == 0)
+#pragma unroll
+        for (int r = 0; r < KILN_ROWS; ++r) scratch[r * (KILN_CUBE / 32) + threadIdx.x / 32] = v[r];
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < KILN_ROWS; ++r) {
+        T a = scratch[r * (KILN_CUBE / 32)];
+#pragma unroll
+        for (int i = 1; i < KILN_CUBE / 32; ++i) a = op(a, scratch[r * (KILN_CUBE / 32) + i]);
+        v[r] = a;
+    }
 }
 
 struct KilnMax {
@@ -188,40 +195,95 @@ __device__ __forceinline__ int kiln_code(float v, float s) {
     return (int)q;
 }
 
+// Activations `16q .. 16q + 15` of `row` (zeros past `k`): one quarter of a 64-code vector.
+// `vec`: the row is aligned for 16-byte loads and `k` is a multiple of 16 (so a quarter that
+// starts before `k` ends there too).
+__device__ __forceinline__ void kiln_quarter(const in_t* __restrict__ row, unsigned k, unsigned q, bool vec, float (&v)[16]) {
+    const unsigned j0 = q * 16;
+    if (vec && j0 < k) {
+        const uint4* p = (const uint4*)(row + j0);
+#if KILN_IN_KIND == 0
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint4 a = __ldg(p + i);
+            v[4 * i] = __uint_as_float(a.x), v[4 * i + 1] = __uint_as_float(a.y);
+            v[4 * i + 2] = __uint_as_float(a.z), v[4 * i + 3] = __uint_as_float(a.w);
+        }
+#else
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const uint4 a = __ldg(p + i);
+            const unsigned u[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+            for (int h = 0; h < 4; ++h) {
+                v[8 * i + 2 * h] = kiln_in((in_t)(u[h] & 0xffffu));
+                v[8 * i + 2 * h + 1] = kiln_in((in_t)(u[h] >> 16));
+            }
+        }
+#endif
+    } else {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) v[i] = j0 + i < k ? kiln_in(row[j0 + i]) : 0.f;
+    }
+}
+
+// Asks L2 for this thread's first weight vectors (its first slot, up to 8 vectors a feature), so
+// that HBM works while the cube quantizes the activations.
+__device__ __forceinline__ void kiln_prefetch(const uint4* __restrict__ w, unsigned n, unsigned kv, unsigned slot, unsigned lane) {
+#pragma unroll
+    for (int f = 0; f < KILN_FPT; ++f) {
+        const unsigned feature = slot * KILN_FPT + f;
+        if (feature < n)
+            for (unsigned v = lane, c = 0; v < kv && c < 8; v += KILN_T, ++c)
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(w + (size_t)feature * kv + v));
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(KILN_CUBE) kiln_ternary_gemv_fused(
     const in_t* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ w_scales, out_t* __restrict__ out,
     const __grid_constant__ FusedParams p) {
     extern __shared__ uint4 kiln_codes[];  // [rows][4][kv] (SharedActs)
-    __shared__ float max_scratch[KILN_CUBE / 32];
-    __shared__ int sum_scratch[KILN_CUBE / 32];
-    unsigned* words = (unsigned*)kiln_codes;
+    __shared__ float max_scratch[KILN_ROWS * KILN_CUBE / 32];
+    __shared__ int sum_scratch[KILN_ROWS * KILN_CUBE / 32];
     const unsigned tid = threadIdx.x;
+    kiln_prefetch(w, p.n, p.kv, (blockIdx.x * KILN_CUBE + tid) / KILN_T, tid % KILN_T);
+    const bool vec = p.k % 16 == 0 && ((size_t)x & 15) == 0;
+    const unsigned quarters = p.kv * 4;
     float sx[KILN_ROWS];
     int sums[KILN_ROWS];
 #pragma unroll
     for (int r = 0; r < KILN_ROWS; ++r) {
-        const in_t* row = x + (size_t)r * p.k;
         float m = 0.f;
-        for (unsigned i = tid; i < p.k; i += KILN_CUBE) m = KilnMax()(m, fabsf(kiln_in(row[i])));
-        const float s = 127.f / fmaxf(kiln_cube_reduce(m, max_scratch, KilnMax()), 1e-5f);
-        int sum = 0;
-        for (unsigned wi = tid; wi < p.kv * 16; wi += KILN_CUBE) {
-            unsigned word = 0;
+        for (unsigned q = tid; q < quarters; q += KILN_CUBE) {
+            float v[16];
+            kiln_quarter(x + (size_t)r * p.k, p.k, q, vec, v);
 #pragma unroll
-            for (unsigned b = 0; b < 4; ++b) {
-                const unsigned j = wi * 4 + b;
-                if (j < p.k) {
-                    const int q = kiln_code(kiln_in(row[j]), s);
-                    sum += q;
-                    word |= ((unsigned)q & 0xffu) << (8 * b);
-                }
+            for (int i = 0; i < 16; ++i) m = KilnMax()(m, fabsf(v[i]));
+        }
+        sx[r] = m;
+    }
+    kiln_cube_reduce_rows(sx, max_scratch, KilnMax());
+#pragma unroll
+    for (int r = 0; r < KILN_ROWS; ++r) {
+        const float s = 127.f / fmaxf(sx[r], 1e-5f);
+        int sum = 0;
+        for (unsigned q = tid; q < quarters; q += KILN_CUBE) {
+            float v[16];
+            kiln_quarter(x + (size_t)r * p.k, p.k, q, vec, v);
+            unsigned words[4] = {0, 0, 0, 0};
+#pragma unroll
+            for (int i = 0; i < 16; ++i) {
+                const int c = kiln_code(v[i], s);
+                sum += c;
+                words[i / 4] |= ((unsigned)c & 0xffu) << (8 * (i % 4));
             }
-            // Word `wi` of the row is word `wi % 4` of quarter `(wi / 4) % 4` of vector `wi / 16`.
-            words[((r * 4 + (wi / 4) % 4) * p.kv + wi / 16) * 4 + wi % 4] = word;
+            // Quarter `q` of the row is quarter `q % 4` of vector `q / 4`.
+            kiln_codes[(r * 4 + q % 4) * p.kv + q / 4] = make_uint4(words[0], words[1], words[2], words[3]);
         }
         sx[r] = s;
-        sums[r] = kiln_cube_reduce(sum, sum_scratch, KilnSum());
+        sums[r] = sum;
     }
+    kiln_cube_reduce_rows(sums, sum_scratch, KilnSum());
     __syncthreads();
     const SharedActs acts{kiln_codes, p.kv};
     for (unsigned it = 0; it < p.iterations; ++it) {
