@@ -22,14 +22,16 @@ const PREFILL: [(usize, usize); 3] = [(11008, 4096), (4096, 11008), (28672, 8192
 /// HBM3 nominal bandwidth of the H100 SXM, bytes per second.
 const HBM: f64 = 3.35e12;
 
-/// The CI checks on CUDA: GEMV rows (1 and 3: the fused `dp4a` kernel; 8, beyond its rows, and
-/// 4 rows of 30000, beyond its shared memory: the two-kernel path) and GEMM rows at model sizes.
+/// The CI checks on CUDA: GEMV rows (one row: the fused `dp4a` kernel, with 16-byte loads at
+/// 6912 and element loads at 1000; one row of 100000, beyond its shared memory, and 3 and 8
+/// rows: the two-kernel path) and GEMM rows at model sizes.
 pub fn parity(device: &CudaDevice) -> bool {
     let shapes = [
         shape(1, 2560, 6912, 2560),
+        shape(1, 97, 1000, 97),
+        shape(1, 8, 100000, 8),
         shape(8, 4096, 11008, 1),
         shape(3, 301, 1000, 64),
-        shape(4, 96, 30000, 96),
         shape(17, 1024, 4096, 1024),
         shape(512, 640, 2048, 640),
     ];

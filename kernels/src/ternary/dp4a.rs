@@ -77,10 +77,11 @@ pub fn launch_gemv(client: &ComputeClient<CudaRuntime>, out_kind: OutKind, rows:
 /// at this size two cubes still fit an H100 SM. Longer rows take the two-kernel path.
 pub const FUSED_MAX_SHARED: usize = 96 * 1024;
 /// The most activation rows the fused GEMV takes. Each cube quantizes every row before its first
-/// product and then reads all rows' codes from shared memory for each weight vector: at 8 rows
-/// that cost 1.1–1.6× the two-kernel path's time on the H200 (28672 × 8192: 142 against 96 µs),
-/// while one row gains 1.1–1.7× (`benches/RESULTS.md`, twenty-fifth session).
-pub const FUSED_MAX_ROWS: usize = 4;
+/// product and then reads all rows' codes from shared memory for each weight vector. On the H200
+/// one row gains 1.0–2.3× device time over the two-kernel path at every shape measured, while 4
+/// rows lose up to 1.3× (20480 × 3200: 32 against 25 µs) and 8 rows up to 1.6× (28672 × 8192:
+/// 142 against 96 µs) (`benches/RESULTS.md`, twenty-fifth session).
+pub const FUSED_MAX_ROWS: usize = 1;
 
 /// The bindings of a fused product: float activations `[rows, k]`, the packed weight `[n, k]`
 /// with its group scales, and the output `[rows, n]`.

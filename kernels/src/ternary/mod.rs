@@ -300,7 +300,7 @@ pub fn launch_quantize_weight<R: Runtime>(
 
 /// One row per cube, up to 256 units striding over it. A single row (decoding) is one cube whose
 /// time is latency, not bandwidth: 5 µs on the H100 for a row of 3200 at 256 units, 6.2 µs at
-/// 1024 (`benches/RESULTS.md`, twenty-third session); on CUDA the GEMV of up to 4 rows does this
+/// 1024 (`benches/RESULTS.md`, twenty-third session); on CUDA the GEMV of one row does this
 /// itself (`dp4a::launch_gemv_fused`).
 fn act_layout<R: Runtime>(client: &ComputeClient<R>) -> RowLayout {
     let hardware = &client.properties().hardware;
