@@ -17,7 +17,7 @@ const CUBE_THREADS: usize = 256;
 
 /// Element type of the GEMV's float input (fused entry) and output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OutKind {
+pub enum FloatKind {
     F32 = 0,
     F16 = 1,
     Bf16 = 2,
@@ -45,7 +45,7 @@ fn source(params: &[u32]) -> String {
 }
 
 /// The kernel variant for `rows` activation rows against `[n, k]`, with its tiling.
-fn kernel(entry: &'static str, rows: usize, n: usize, k: usize, kinds: [OutKind; 2], shared_bytes: usize) -> (CudaSourceKernel, usize, usize) {
+fn kernel(entry: &'static str, rows: usize, n: usize, k: usize, kinds: [FloatKind; 2], shared_bytes: usize) -> (CudaSourceKernel, usize, usize) {
     assert!((1..=GEMV_MAX_ROWS).contains(&rows) && k <= MAX_K && n < u32::MAX as usize, "kiln ternary dp4a gemv: {rows} rows, [{n}, {k}]");
     let (threads, features) = tiling(rows, n, k.div_ceil(ROW_GRANULE));
     let params = [rows, threads, features, kinds[0] as usize, kinds[1] as usize].map(|p| p as u32);
@@ -66,8 +66,8 @@ pub struct GemvArgs {
 
 /// Enqueues `out = acc / (s_x · s_w)` on `client`'s stream.
 #[allow(clippy::too_many_arguments)]
-pub fn launch_gemv(client: &ComputeClient<CudaRuntime>, out_kind: OutKind, rows: usize, n: usize, k: usize, group: usize, args: GemvArgs) {
-    let (kernel, threads, features) = kernel("kiln_ternary_gemv", rows, n, k, [out_kind, OutKind::F32], 0);
+pub fn launch_gemv(client: &ComputeClient<CudaRuntime>, out_kind: FloatKind, rows: usize, n: usize, k: usize, group: usize, args: GemvArgs) {
+    let (kernel, threads, features) = kernel("kiln_ternary_gemv", rows, n, k, [out_kind, FloatKind::F32], 0);
     let cubes = CubeCount::Static((n.div_ceil(features) * threads).div_ceil(CUBE_THREADS) as u32, 1, 1);
     let buffers = vec![args.x, args.x_scales, args.x_sums, args.words, args.w_scales, args.out];
     kernel.launch(client, cubes, buffers, &[n as u32, k.div_ceil(ROW_GRANULE) as u32, group as u32]);
@@ -92,12 +92,13 @@ pub struct FusedArgs {
     pub out: Binding,
 }
 
-/// Enqueues the product of float activations (`in_kind`) with a packed weight as one kernel:
-/// each cube quantizes the activations into shared memory, then strides over output features.
+/// Enqueues the product of float activations with a packed weight as one kernel (`kinds`: the
+/// output's and the activations' element types): each cube quantizes the activations into shared
+/// memory, then strides over output features.
 /// Returns `false` (enqueuing nothing) beyond [`FUSED_MAX_ROWS`] rows, when the codes exceed
 /// [`FUSED_MAX_SHARED`], or when `KILN_TERNARY_GEMV_FUSED=0` asks for the two-kernel path (to
 /// measure one against the other).
-pub fn launch_gemv_fused(client: &ComputeClient<CudaRuntime>, kinds: [OutKind; 2], rows: usize, n: usize, k: usize, group: usize, args: FusedArgs) -> bool {
+pub fn launch_gemv_fused(client: &ComputeClient<CudaRuntime>, kinds: [FloatKind; 2], rows: usize, n: usize, k: usize, group: usize, args: FusedArgs) -> bool {
     let kv = k.div_ceil(ROW_GRANULE);
     let shared = rows * kv * ROW_GRANULE;
     if rows > FUSED_MAX_ROWS || shared > FUSED_MAX_SHARED || crate::measurement_override("KILN_TERNARY_GEMV_FUSED", 0..=1) == Some(0) {

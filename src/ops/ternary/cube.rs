@@ -37,7 +37,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> TernaryBac
     }
 
     fn ternary_dequantize(weight: TernaryPrimitive<Self>, dtype: DType) -> FloatTensor<Self> {
-        dequantize::<R, F, I, BT>(dense_parts::<R, F, I, BT>(weight), dtype, false)
+        dequantize::<R>(dense_parts::<R, F, I, BT>(weight), dtype, false)
     }
 
     fn ternary_quantize_acts(x: FloatTensor<Self>) -> (FloatTensor<Self>, FloatTensor<Self>) {
@@ -62,7 +62,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> TernaryBac
         // Codes in x's dtype (exact: |q| ≤ 128), their integer sums by the GEMM, then the scales.
         let l = weight.layout;
         let (codes, sx) = Self::ternary_quantize_acts(x.clone());
-        let w = dequantize::<R, F, I, BT>(weight.clone(), x.dtype, true);
+        let w = dequantize::<R>(weight.clone(), x.dtype, true);
         let views = GemmViews::new(Shape::new([1, m, k]), Shape::new([1, l.n, k]), Shape::new([m, l.n]), GemmLayout::new(false, true));
         let acc: Tensor<Self, 2> = wrap(Self::gemm(codes, w, None, None, views));
         let sx: Tensor<Self, 1> = wrap(sx);
@@ -107,7 +107,7 @@ fn row_scales<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(s
     scales.reshape([groups, 1]).expand([groups, l.group]).reshape([groups * l.group]).slice(0..l.n)
 }
 
-fn dequantize<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(weight: Weight<R>, dtype: DType, unscaled: bool) -> CubeTensor<R> {
+fn dequantize<R: CubeRuntime>(weight: Weight<R>, dtype: DType, unscaled: bool) -> CubeTensor<R> {
     let l = weight.layout;
     let out = empty_like_device(&weight.scales, [l.n, l.k], dtype);
     launch_dequantize(
@@ -136,9 +136,9 @@ fn packed_acts<R: CubeRuntime>(x: &CubeTensor<R>) -> [CubeTensor<R>; 3] {
     [words, scales, sums]
 }
 
-/// The GEMV: on CUDA one `dp4a` kernel that also quantizes the activations where they fit its
-/// shared memory; otherwise activations quantized and packed by one kernel, then the `dp4a`
-/// kernel on CUDA or the portable one.
+/// The GEMV: for one row on CUDA, one `dp4a` kernel that also quantizes the activations (where
+/// they fit its shared memory); otherwise activations quantized and packed by one kernel, then
+/// the `dp4a` kernel on CUDA or the portable one.
 fn gemv<R: CubeRuntime>(x: CubeTensor<R>, weight: &Weight<R>) -> CubeTensor<R> {
     let [m, k] = dims(&x);
     let l = weight.layout;
@@ -222,7 +222,7 @@ mod dp4a {
     use burn_cubecl::{CubeRuntime, tensor::CubeTensor};
     use cubecl::cuda::CudaRuntime;
     use cubecl::prelude::ComputeClient;
-    use kiln_kernels::ternary::dp4a::{FusedArgs, GemvArgs, OutKind, launch_gemv, launch_gemv_fused};
+    use kiln_kernels::ternary::dp4a::{FloatKind, FusedArgs, GemvArgs, launch_gemv, launch_gemv_fused};
 
     use super::Weight;
     use crate::backend::cube::cuda;
@@ -233,19 +233,19 @@ mod dp4a {
 
     /// The CUDA client and the kernels' element kind for `out`, if `x` lives on a CUDA device
     /// with `dp4a` (compute capability 6.1 and up) and `out` is f32, f16 or bf16.
-    fn target<'a, R: CubeRuntime>(x: &'a CubeTensor<R>, out: &CubeTensor<R>) -> Option<(&'a ComputeClient<CudaRuntime>, OutKind)> {
+    fn target<'a, R: CubeRuntime>(x: &'a CubeTensor<R>, out: &CubeTensor<R>) -> Option<(&'a ComputeClient<CudaRuntime>, FloatKind)> {
         let client = cuda::client(x)?;
         let kind = match out.dtype {
-            DType::F32 => OutKind::F32,
-            DType::F16 => OutKind::F16,
-            DType::BF16 => OutKind::Bf16,
+            DType::F32 => FloatKind::F32,
+            DType::F16 => FloatKind::F16,
+            DType::BF16 => FloatKind::Bf16,
             _ => return None,
         };
         cuda::device_index(x).and_then(cuda::compute_capability).is_some_and(|cc| cc >= (6, 1)).then_some((client, kind))
     }
 
-    /// The fused GEMV (float activations quantized in the kernel), if [`target`] allows and the
-    /// activation codes fit its shared memory; `false` enqueues nothing.
+    /// The fused GEMV (float activations quantized in the kernel), if [`target`] allows and
+    /// `launch_gemv_fused` takes the shape; `false` enqueues nothing.
     pub(super) fn gemv_fused<R: CubeRuntime>(x: &CubeTensor<R>, m: usize, weight: &Weight<R>, out: &CubeTensor<R>) -> bool {
         let Some((client, kind)) = target(x, out) else { return false };
         let l = weight.layout;
