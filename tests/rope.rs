@@ -66,3 +66,19 @@ fn llama3_scaling_matches_the_published_formula() {
     assert!((p[0] - s[0]).abs() < 1e-6, "highest frequency unchanged");
     assert!((p[31] / 8.0 - s[31]).abs() < 1e-9, "lowest frequency divided by the factor");
 }
+
+/// A decode step whose position lives on the device rotates with the table's rows at offset 0:
+/// the same values as the whole table at that position, on the kernel path.
+#[test]
+fn table_rows_rotate_like_the_offset() {
+    let Some(device) = common::wgpu_device() else { return };
+    type B = burn::backend::Wgpu;
+    let table = RopeTable::<B>::new(64, 40, 10_000.0, LLAMA3, &device);
+    let x = Tensor::<B, 4>::random([2, 1, 3, 64], burn::tensor::Distribution::Normal(0.0, 1.0), &device);
+    for position in [0, 17, 39] {
+        let rows = table.rows(Tensor::from_data(burn::tensor::TensorData::new(vec![position as i64], [1]), &device));
+        let by_rows = kiln::ops::rope(x.clone(), &rows, 0).into_data();
+        let by_offset = kiln::ops::rope(x.clone(), &table, position).into_data();
+        assert_eq!(by_rows, by_offset, "position {position}");
+    }
+}

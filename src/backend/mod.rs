@@ -4,6 +4,8 @@
 
 pub(crate) mod cube;
 pub(crate) mod fusion;
+#[cfg(feature = "cuda")]
+pub mod graph;
 
 use crate::ops::{
     flash_attention::FlashAttentionBackend, matmul::MatmulBackend, rms_norm::RmsNormBackend, rms_norm_rope::RmsNormRopeBackend,

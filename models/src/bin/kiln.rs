@@ -14,7 +14,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln::KilnBackend;
 use kiln_models::config::from_hf_json;
-use kiln_models::generation::StopStrings;
+use kiln_models::generation::{StepPath, StopStrings};
 use kiln_models::gguf::GgufFile;
 use kiln_models::loader::{SafetensorsSource, config_from_gguf};
 use kiln_models::model::{Decoder, Projection};
@@ -98,6 +98,10 @@ struct GenerateArgs {
     /// double quantization). Checkpoints stored in 4 bits by bitsandbytes load in 4 bits anyway.
     #[arg(long)]
     nf4: bool,
+    /// Decode op by op through Burn, without replaying the step from a CUDA graph (greedy
+    /// decoding on CUDA replays by default).
+    #[arg(long)]
+    no_cuda_graph: bool,
 }
 
 fn main() {
@@ -226,6 +230,7 @@ impl GenerateArgs {
             },
             stop_tokens,
             pad_token: 0,
+            cuda_graph: !self.no_cuda_graph,
         };
         generation.sampling.validate()?;
         let start = Instant::now();
@@ -234,7 +239,8 @@ impl GenerateArgs {
         let mut stream = TextStream::default();
         let mut stops = StopStrings::new(self.stop.clone());
         let mut out = std::io::stdout();
-        for step in model.generate(&[prompt.to_vec()], generation) {
+        let mut steps = model.generate(&[prompt.to_vec()], generation);
+        for step in steps.by_ref() {
             first.get_or_insert_with(Instant::now);
             let Some(id) = step[0] else { break };
             count += 1;
@@ -259,6 +265,9 @@ impl GenerateArgs {
             decode * 1e3,
             count.saturating_sub(1) as f64 / decode.max(1e-9)
         );
+        if let StepPath::Graph { kernels } = steps.step_path() {
+            eprintln!("decode steps replayed from a CUDA graph of {kernels} kernels");
+        }
         Ok(())
     }
 }

@@ -1,7 +1,10 @@
 //! Generation: one prefill of the (left-padded) prompts, then one decode step per token on the
 //! preallocated KV cache, the next tokens chosen on the device ([`sampler`]). [`Generation`] is an
-//! iterator of steps, so callers stream tokens as they come.
+//! iterator of steps, so callers stream tokens as they come. Greedy decoding on Burn's `Cuda`
+//! backend replays its steps from a CUDA graph once they are warm (`graph`).
 
+#[cfg(feature = "cuda")]
+mod graph;
 pub mod sampler;
 mod stop;
 
@@ -23,13 +26,39 @@ pub struct GenerationConfig {
     pub stop_tokens: Vec<u32>,
     /// Padding id used left of shorter prompts (never attended to).
     pub pad_token: u32,
+    /// Greedy decoding (temperature 0, no repetition penalty) on Burn's `Cuda` backend captures a
+    /// decode step as a CUDA graph after a few plain steps and replays it for the rest, which
+    /// removes the host cost of the step's ~20 kernel launches a layer. While a generation
+    /// replays, run nothing else on its device between its steps: the step's intermediate buffers
+    /// stay in CubeCL's memory pool, and other work could be handed them. Other backends and
+    /// samplers ignore it.
+    pub cuda_graph: bool,
 }
 
 impl Default for GenerationConfig {
     fn default() -> Self {
-        Self { max_new_tokens: 64, sampling: SamplingConfig::greedy(), stop_tokens: Vec::new(), pad_token: 0 }
+        Self { max_new_tokens: 64, sampling: SamplingConfig::greedy(), stop_tokens: Vec::new(), pad_token: 0, cuda_graph: true }
     }
 }
+
+/// How a generation's decode steps run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StepPath {
+    /// Through Burn, op by op.
+    Plain,
+    /// Plain until the graph is captured.
+    GraphPending,
+    /// Replayed from a CUDA graph of `kernels` kernel nodes.
+    Graph { kernels: usize },
+    /// The capture failed (the reason); the steps stay plain.
+    GraphFailed(String),
+}
+
+/// Plain decode steps before the capture: the first runs compile kernels and settle the fusion
+/// plans, which a capture cannot do.
+const PLAIN_STEPS: usize = 2;
+/// Steps left under which a capture does not pay.
+const MIN_REPLAYS: usize = 4;
 
 /// One decode step's tokens: `Some(id)` for each row still generating, `None` for rows that
 /// already stopped.
@@ -47,6 +76,11 @@ pub struct Generation<'m, B: Backend, L: burn::module::Module<B>> {
     seen: Option<Tensor<B, 2>>,
     done: Vec<bool>,
     produced: usize,
+    /// Last step's tokens, the graph's next input.
+    last: Vec<i64>,
+    path: StepPath,
+    #[cfg(feature = "cuda")]
+    graph: Option<graph::GraphStep<B>>,
 }
 
 impl<B: KilnBackend, L: Projection<B>> Decoder<B, L> {
@@ -83,6 +117,8 @@ impl<B: KilnBackend, L: Projection<B>> Decoder<B, L> {
             Tensor::from_data(TensorData::new(seen, [prompts.len(), vocab]), &device)
         });
         B::seed(&device, config.sampling.seed);
+        let greedy = config.sampling.temperature == 0.0 && config.sampling.repetition_penalty.is_none();
+        let path = if config.cuda_graph && greedy && cfg!(feature = "cuda") { StepPath::GraphPending } else { StepPath::Plain };
         Generation {
             model: self,
             cache: self.new_cache(prompts.len(), capacity),
@@ -91,6 +127,10 @@ impl<B: KilnBackend, L: Projection<B>> Decoder<B, L> {
             seen,
             done: vec![false; prompts.len()],
             produced: 0,
+            last: Vec::new(),
+            path,
+            #[cfg(feature = "cuda")]
+            graph: None,
             config,
         }
     }
@@ -101,14 +141,17 @@ impl<B: KilnBackend, L: Projection<B>> Generation<'_, B, L> {
     pub fn cache(&self) -> &DecoderCache<B> {
         &self.cache
     }
-}
 
-impl<B: KilnBackend, L: Projection<B>> Iterator for Generation<'_, B, L> {
-    type Item = StepTokens;
+    /// How the decode steps run so far.
+    pub fn step_path(&self) -> &StepPath {
+        &self.path
+    }
 
-    fn next(&mut self) -> Option<StepTokens> {
-        if self.produced >= self.config.max_new_tokens || self.done.iter().all(|&d| d) {
-            return None;
+    /// One forward pass; returns each row's next token.
+    fn step(&mut self) -> Vec<i64> {
+        #[cfg(feature = "cuda")]
+        if let Some(ids) = self.graph_step() {
+            return ids;
         }
         let hidden = self.model.hidden(self.input.clone(), Some(&mut self.cache), &self.pads);
         let logits = self.model.last_logits(hidden);
@@ -118,8 +161,47 @@ impl<B: KilnBackend, L: Projection<B>> Iterator for Generation<'_, B, L> {
         }
         let batch = self.done.len();
         self.input = tokens.clone().reshape([batch, 1]);
+        tokens.into_data().convert::<i64>().to_vec::<i64>().expect("token ids read back as integers")
+    }
+
+    /// The step replayed from the graph, captured first when it is time; `None`: a plain step.
+    ///
+    /// # Panics
+    /// If a replay fails (the device's state is then unknown).
+    #[cfg(feature = "cuda")]
+    fn graph_step(&mut self) -> Option<Vec<i64>> {
+        let due = self.produced >= 1 + PLAIN_STEPS && self.config.max_new_tokens - self.produced >= MIN_REPLAYS;
+        if self.graph.is_none() && self.path == StepPath::GraphPending && due {
+            self.path = match graph::capture(self.model, &mut self.cache, &self.pads, &self.config.sampling) {
+                None => StepPath::Plain,
+                Some(Ok(step)) => {
+                    let kernels = step.nodes().kernels;
+                    self.graph = Some(step);
+                    StepPath::Graph { kernels }
+                }
+                Some(Err(reason)) => {
+                    eprintln!("kiln-models: decoding without a CUDA graph: {reason}");
+                    StepPath::GraphFailed(reason)
+                }
+            };
+        }
+        let graph = self.graph.as_mut()?;
+        let position = self.cache.len();
+        self.cache.advance(1);
+        Some(graph.run(&self.last, position).unwrap_or_else(|e| panic!("kiln-models generate: a CUDA graph replay failed: {e}")))
+    }
+}
+
+impl<B: KilnBackend, L: Projection<B>> Iterator for Generation<'_, B, L> {
+    type Item = StepTokens;
+
+    fn next(&mut self) -> Option<StepTokens> {
+        if self.produced >= self.config.max_new_tokens || self.done.iter().all(|&d| d) {
+            return None;
+        }
+        let ids = self.step();
         self.produced += 1;
-        let ids = tokens.into_data().convert::<i64>().to_vec::<i64>().expect("token ids read back as integers");
+        self.last.clone_from(&ids);
         let step = ids
             .iter()
             .zip(self.done.iter_mut())

@@ -50,6 +50,11 @@ impl<B: Backend> LayerCache<B> {
         Self { k: buffer(), v: buffer() }
     }
 
+    /// The key and value buffers.
+    pub(super) fn buffers(&self) -> impl Iterator<Item = &Tensor<B, 4>> {
+        self.k.iter().chain(self.v.iter())
+    }
+
     /// Writes one position's `k`, `v` (`[batch, kv_heads, 1, head_dim]`) at `position` and returns
     /// the whole buffers. Every shape here is the same at each step (the position travels as an
     /// index tensor), so Burn's fusion and CubeCL reuse one plan and one set of kernels for all
@@ -80,8 +85,9 @@ impl<B: Backend> LayerCache<B> {
 
 /// What every layer's attention needs for one forward call besides its input.
 pub struct Step<'a, B: Backend> {
+    /// The model's table; a decode step passes the rows of its position only (offset 0).
     pub rope: &'a RopeTable<B>,
-    /// Position of the first input token (the cache's length before this call).
+    /// Row of `rope` of the first input token (the cache's length before a prefill).
     pub offset: usize,
     pub mode: StepMode<B>,
 }

@@ -10,12 +10,13 @@ pub mod projection;
 
 use burn::module::Module;
 use burn::nn::Embedding;
-use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend, s};
+use burn::tensor::{DType, Int, Tensor, backend::Backend, s};
 use kiln::KilnBackend;
 use kiln::nn::{Linear, RmsNorm};
 use kiln::ops::{RopeTable, glu, swiglu::GluActivation};
 
 pub use attention::{Attention, LayerCache, Step, StepMode};
+pub use mask::DecodeInputs;
 pub use projection::Projection;
 
 use crate::config::DecoderConfig;
@@ -58,6 +59,8 @@ pub struct DecoderCache<B: Backend> {
     layers: Vec<LayerCache<B>>,
     len: usize,
     capacity: usize,
+    /// `[1, capacity]`: `0..capacity`, the key positions decode masks compare against.
+    keys: Tensor<B, 2, Int>,
 }
 
 impl<B: Backend> DecoderCache<B> {
@@ -72,6 +75,18 @@ impl<B: Backend> DecoderCache<B> {
 
     pub fn capacity(&self) -> usize {
         self.capacity
+    }
+
+    /// Every layer's key and value buffers (`[batch, kv_heads, capacity, head_dim]`).
+    pub fn buffers(&self) -> impl Iterator<Item = &Tensor<B, 4>> {
+        self.layers.iter().flat_map(LayerCache::buffers)
+    }
+
+    /// Counts `n` positions written by steps that do not advance the count themselves
+    /// ([`Decoder::decode_hidden`]).
+    pub fn advance(&mut self, n: usize) {
+        assert!(self.len + n <= self.capacity, "kiln-models: {} positions exceed the cache capacity {}", self.len + n, self.capacity);
+        self.len += n;
     }
 }
 
@@ -90,7 +105,8 @@ impl<B: Backend, L: Module<B>> Decoder<B, L> {
         let device = self.embed_tokens.weight.device();
         let shape = [batch, c.num_kv_heads, capacity, c.head_dim];
         let layers = (0..c.num_layers).map(|_| LayerCache::new(shape, self.dtype(), &device)).collect();
-        DecoderCache { layers, len: 0, capacity }
+        let keys = Tensor::arange(0..capacity as i64, &device).reshape([1, capacity]);
+        DecoderCache { layers, len: 0, capacity, keys }
     }
 
     /// The dtype of the activations (the embedding's).
@@ -178,43 +194,60 @@ impl<B: KilnBackend, L: Projection<B>> Decoder<B, L> {
     }
 
     /// The final normed hidden states `[batch, seq, hidden]`. With a cache, `tokens` follow the
-    /// positions it holds and their keys/values are stored; a single token per row attends over
-    /// the whole cache buffer under a mask, so every decode step has the same shapes. `pads[row]`
-    /// (empty: none) counts the left padding of each row's prompt, which attention never sees.
+    /// positions it holds and their keys/values are stored; a single token per row is a decode
+    /// step ([`Decoder::decode_hidden`]). `pads[row]` (empty: none) counts the left padding of
+    /// each row's prompt, which attention never sees.
     ///
     /// # Panics
     /// If the cache cannot hold the new tokens, or `pads` is not empty and not one per row.
-    pub fn hidden(&self, tokens: Tensor<B, 2, Int>, mut cache: Option<&mut DecoderCache<B>>, pads: &[usize]) -> Tensor<B, 3> {
+    pub fn hidden(&self, tokens: Tensor<B, 2, Int>, cache: Option<&mut DecoderCache<B>>, pads: &[usize]) -> Tensor<B, 3> {
         let [batch, seq] = tokens.dims();
         assert!(pads.is_empty() || pads.len() == batch, "kiln-models: {} pads for {batch} rows", pads.len());
-        let offset = cache.as_ref().map_or(0, |c| c.len);
         let device = tokens.device();
-        let (dtype, no_pads) = (self.dtype(), vec![0; batch]);
+        let no_pads = vec![0; batch];
         let pads = if pads.is_empty() { &no_pads } else { pads };
-        let mode = match cache.as_ref() {
-            Some(c) => {
-                assert!(offset + seq <= c.capacity, "kiln-models: {} positions exceed the cache capacity {}", offset + seq, c.capacity);
-                if seq == 1 {
-                    let windows: Vec<Option<usize>> = self.layers.iter().map(|l| l.self_attn.window).collect();
-                    let position = Tensor::from_data(TensorData::new(vec![offset as i64], [1]), &device);
-                    StepMode::Decode { position, masks: mask::decode(pads, offset + 1, c.capacity, &windows, dtype, &device) }
-                } else {
-                    StepMode::Causal { padding: mask::padding(pads, seq, offset + seq, dtype, &device) }
-                }
+        match cache {
+            Some(cache) if seq == 1 => {
+                let inputs = DecodeInputs::new(cache.len, pads, &device);
+                cache.advance(1);
+                self.decode_hidden(tokens, cache, &inputs)
             }
-            None => StepMode::Causal { padding: mask::padding(pads, seq, seq, dtype, &device) },
-        };
-        let step = Step { rope: &self.rope, offset, mode };
+            Some(cache) => {
+                let offset = cache.len;
+                cache.advance(seq);
+                let padding = mask::padding(pads, seq, offset + seq, self.dtype(), &device);
+                self.run_layers(tokens, &Step { rope: &self.rope, offset, mode: StepMode::Causal { padding } }, Some(cache))
+            }
+            None => {
+                let padding = mask::padding(pads, seq, seq, self.dtype(), &device);
+                self.run_layers(tokens, &Step { rope: &self.rope, offset: 0, mode: StepMode::Causal { padding } }, None)
+            }
+        }
+    }
+
+    /// One decode step driven by device inputs: each row's token (`[batch, 1]`) goes to
+    /// `inputs.position`, attends over the whole cache buffer under masks built on the device, and
+    /// its keys/values are written into the cache; returns the final normed hidden states
+    /// `[batch, 1, hidden]`. Every shape, kernel and kernel argument is the same at each step, so
+    /// Burn's fusion reuses one plan and a CUDA graph can replay the step. The cache's count is not
+    /// advanced: the caller owns it ([`DecoderCache::advance`]).
+    pub fn decode_hidden(&self, tokens: Tensor<B, 2, Int>, cache: &mut DecoderCache<B>, inputs: &DecodeInputs<B>) -> Tensor<B, 3> {
+        let windows: Vec<Option<usize>> = self.layers.iter().map(|l| l.self_attn.window).collect();
+        let masks = inputs.masks(&cache.keys, &windows, self.dtype());
+        let rope = self.rope.rows(inputs.position.clone());
+        let step = Step { rope: &rope, offset: 0, mode: StepMode::Decode { position: inputs.position.clone(), masks } };
+        self.run_layers(tokens, &step, Some(cache))
+    }
+
+    /// Embedding, every layer and the final norm, over `cache`'s layers when given.
+    fn run_layers(&self, tokens: Tensor<B, 2, Int>, step: &Step<'_, B>, mut cache: Option<&mut DecoderCache<B>>) -> Tensor<B, 3> {
         let mut residual = self.embed_tokens.forward(tokens);
         let mut delta = None;
         for (i, layer) in self.layers.iter().enumerate() {
             let layer_cache = cache.as_mut().map(|c| &mut c.layers[i]);
-            let (d, r) = layer.forward(delta, residual, &step, layer_cache);
+            let (d, r) = layer.forward(delta, residual, step, layer_cache);
             delta = Some(d);
             residual = r;
-        }
-        if let Some(c) = cache {
-            c.len += seq;
         }
         match delta {
             Some(delta) => self.norm.forward_residual(delta, residual).0,

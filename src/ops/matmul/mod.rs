@@ -12,7 +12,7 @@ mod cube;
 mod fusion;
 pub mod reference;
 #[cfg(feature = "cuda")]
-mod stream_order;
+pub(crate) mod stream_order;
 
 #[cfg(feature = "cuda")]
 pub use cublaslt::{cublaslt_stream_order, cublaslt_synchronize};

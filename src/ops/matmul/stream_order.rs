@@ -88,6 +88,18 @@ pub(super) struct Ordering {
     workspaces: HashMap<usize, dsys::CUdeviceptr>,
 }
 
+/// CubeCL's stream for the calling `StreamId` (on CubeCL's device thread), learned by watching a
+/// handshake kernel whose *done* word is already set, so it returns at once.
+pub(crate) fn learn_cubecl_stream(client: &ComputeClient<CudaRuntime>) -> Result<dsys::CUstream, String> {
+    const PROBE: u32 = 1;
+    let flags = client.create_from_slice(&[PROBE.to_le_bytes(), PROBE.to_le_bytes()].concat());
+    launch_stream(|| {
+        // SAFETY: `flags` holds one slot of SLOT_WORDS u32 words.
+        launch_handshake(client, unsafe { ArrayArg::from_raw_parts(flags.clone(), SLOT_WORDS) }, 0, PROBE);
+        client.flush().map_err(err)
+    })
+}
+
 impl Ordering {
     /// The requested strategy if it works on this device, else the next one down (said once on
     /// stderr): CubeCL's stream, the handshake after it passed its self-test, host
@@ -132,15 +144,7 @@ impl Ordering {
         let stream = self
             .cubecl_streams
             .entry(id)
-            .or_insert_with(|| {
-                const PROBE: u32 = 1;
-                let flags = client.create_from_slice(&[PROBE.to_le_bytes(), PROBE.to_le_bytes()].concat());
-                launch_stream(|| {
-                    // SAFETY: `flags` holds one slot of SLOT_WORDS u32 words.
-                    launch_handshake(client, unsafe { ArrayArg::from_raw_parts(flags.clone(), SLOT_WORDS) }, 0, PROBE);
-                    client.flush().map_err(err)
-                })
-            })
+            .or_insert_with(|| learn_cubecl_stream(client))
             .clone()?;
         let workspace = match self.workspaces.get(&(stream as usize)) {
             Some(&workspace) => workspace,

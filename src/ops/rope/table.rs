@@ -1,6 +1,6 @@
 //! The cos/sin tables of RoPE, computed once on the host in f64 and kept on the device in f32.
 
-use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
+use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend};
 
 /// Frequency scaling applied to the base inverse frequencies.
 #[derive(Debug, Clone, Copy, PartialEq, burn::serde::Serialize, burn::serde::Deserialize)]
@@ -101,6 +101,13 @@ impl<B: Backend> RopeTable<B> {
 
     pub fn max_positions(&self) -> usize {
         self.cos.dims()[0]
+    }
+
+    /// The table of `positions` only (`[n]` indices, row `i` of the result holding position
+    /// `positions[i]`): rotate with it at offset 0 when the positions live on the device, as in a
+    /// decode step replayed from a CUDA graph, where a host offset would be frozen into the graph.
+    pub fn rows(&self, positions: Tensor<B, 1, Int>) -> Self {
+        Self { cos: self.cos.clone().select(0, positions.clone()), sin: self.sin.clone().select(0, positions) }
     }
 
     /// `[positions, head_dim/2]` f32.
