@@ -68,6 +68,8 @@ pub struct GraphNodes {
     pub copies: usize,
     pub memsets: usize,
     pub other: usize,
+    /// Graphs the step was captured as (its parts).
+    pub graphs: usize,
 }
 
 /// Page-locked host memory (`cuMemHostAlloc`), freed on drop.
@@ -106,15 +108,21 @@ fn check(call: &str, result: dsys::CUresult) -> Result<(), String> {
     }
 }
 
-/// A captured step, instantiated and ready to replay on the stream it was captured from.
+/// One instantiated graph of a step's consecutive part.
+struct Segment {
+    graph: usize,
+    exec: usize,
+    /// The uploads' sources, copied at capture time.
+    _sources: Vec<Pinned>,
+}
+
+/// A captured step, instantiated and ready to replay on the stream it was captured from: one
+/// graph per part of the step between the `split` calls it made.
 pub struct CudaGraph {
     device: CudaDevice,
     stream: usize,
-    graph: usize,
-    exec: usize,
+    segments: Vec<Segment>,
     nodes: GraphNodes,
-    /// The uploads' sources, copied at capture time.
-    _sources: Vec<Pinned>,
     /// Staging of [`CudaGraph::replay`]'s inputs and output.
     staging: Option<Pinned>,
 }
@@ -122,42 +130,58 @@ pub struct CudaGraph {
 // SAFETY: the handles are plain driver handles, used only on CubeCL's device thread.
 unsafe impl Send for CudaGraph {}
 
+/// Most host-to-device uploads one captured part may hold: CubeCL waits for an event of the
+/// stream every 64 uploads (to free their host buffers), and a wait on an event recorded during
+/// the capture ends it. A part starts right after such a wait, so it can take 63 more.
+pub const MAX_UPLOADS_PER_PART: usize = 63;
+
 impl CudaGraph {
     /// Captures what `step` enqueues on `device` (see the module's rules) and instantiates it.
-    /// Nothing of the step runs: call [`CudaGraph::replay`] for that. `step`'s result is returned
-    /// with the graph (its tensors are the buffers the graph writes). On an error the capture is
-    /// ended and nothing is kept; a panic inside `step` ends it too and goes on unwinding.
-    pub fn capture<R>(device: &CudaDevice, step: impl FnOnce() -> R) -> Result<(Self, R), String> {
+    /// `step` gets a `split` function: calling it closes the current part (its ops drained into
+    /// it) and opens the next; a part must hold at most [`MAX_UPLOADS_PER_PART`] of CubeCL's
+    /// metadata uploads (about a third of the kernels). Nothing of the step runs: call
+    /// [`CudaGraph::replay`] for that. `step`'s result is returned with the graph (its tensors are
+    /// the buffers the graph writes). On an error the capture is ended and nothing is kept; a
+    /// panic inside `step` ends it too and goes on unwinding.
+    pub fn capture<R>(device: &CudaDevice, step: impl FnOnce(&mut dyn FnMut()) -> R) -> Result<(Self, R), String> {
         let fusion = burn_fusion::get_client::<Inner>(device);
         let cube = CudaRuntime::client(device);
         fusion.sync(move || cubecl::future::block_on(cube.sync())).map_err(|e| format!("sync before the capture: {e:?}"))?;
         let stream = on_device_thread(device, |cube| {
-            let stream = crate::ops::matmul::stream_order::learn_cubecl_stream(cube)?;
-            // SAFETY: a live stream of this context. Relaxed mode lets CubeCL's other driver calls
-            // (allocations, queries) run while the capture is open.
-            check("cuStreamBeginCapture", unsafe { dsys::cuStreamBeginCapture_v2(stream, dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED) })?;
-            Ok(stream as usize)
+            let stream = crate::ops::matmul::stream_order::learn_cubecl_stream(cube)? as usize;
+            begin_part(cube, stream)?;
+            Ok(stream)
         })?;
-        let out = match catch_unwind(AssertUnwindSafe(step)) {
+        let mut parts = Parts { device: device.clone(), stream, segments: Vec::new(), error: None };
+        let out = match catch_unwind(AssertUnwindSafe(|| step(&mut || parts.split()))) {
             Ok(out) => out,
             Err(panic) => {
                 let _ = catch_unwind(AssertUnwindSafe(|| on_device_thread(device, move |_| discard_capture(stream))));
                 resume_unwind(panic);
             }
         };
-        // Drain the fusion stream into the capture, then close it (both on the fusion thread).
-        let ended = catch_unwind(AssertUnwindSafe(|| on_device_thread(device, move |_| end_capture(stream))));
-        let (graph, exec, nodes, sources) = match ended {
-            Ok(result) => result?,
+        // Drain the fusion stream into the last part, then close it (both on the fusion thread).
+        match catch_unwind(AssertUnwindSafe(|| on_device_thread(device, move |_| end_capture(stream)))) {
+            Ok(Ok(last)) => parts.segments.push(last),
+            Ok(Err(e)) => return Err(parts.error.take().unwrap_or(e)),
             Err(panic) => {
                 let _ = catch_unwind(AssertUnwindSafe(|| on_device_thread(device, move |_| discard_capture(stream))));
                 let message = panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()));
                 return Err(format!("the step failed while it was captured: {}", message.unwrap_or_default()));
             }
-        };
-        Ok((Self { device: device.clone(), stream, graph, exec, nodes, _sources: sources, staging: None }, out))
+        }
+        if let Some(e) = parts.error.take() {
+            return Err(e);
+        }
+        let mut nodes = GraphNodes::default();
+        for (_, counted) in &parts.segments {
+            nodes.add(counted);
+        }
+        let segments = std::mem::take(&mut parts.segments).into_iter().map(|(segment, _)| segment).collect();
+        Ok((Self { device: device.clone(), stream, segments, nodes, staging: None }, out))
     }
 
+    /// Node counts over all parts.
     pub fn nodes(&self) -> GraphNodes {
         self.nodes
     }
@@ -167,14 +191,15 @@ impl CudaGraph {
     pub fn replay(&mut self, uploads: &[(u64, &[u8])], download: u64, download_len: usize) -> Result<Vec<u8>, String> {
         let uploads: Vec<(u64, Vec<u8>)> = uploads.iter().map(|&(dst, bytes)| (dst, bytes.to_vec())).collect();
         let needed = uploads.iter().map(|(_, b)| b.len()).sum::<usize>() + download_len;
-        let (stream, exec) = (self.stream, self.exec);
+        let stream = self.stream;
+        let execs: Vec<usize> = self.segments.iter().map(|s| s.exec).collect();
         let staging = self.staging.take();
         let (staging, result) = on_device_thread(&self.device, move |_| {
             let mut staging = match staging {
                 Some(s) if s.len >= needed => s,
                 _ => Pinned::new(needed)?,
             };
-            let result = launch(&mut staging, stream as dsys::CUstream, exec as dsys::CUgraphExec, &uploads, download, download_len);
+            let result = launch(&mut staging, stream as dsys::CUstream, &execs, &uploads, download, download_len);
             Ok((staging, result))
         })?;
         self.staging = Some(staging);
@@ -182,8 +207,59 @@ impl CudaGraph {
     }
 }
 
-/// One replay on `stream`: uploads through `staging`, the graph, the download, the wait.
-fn launch(staging: &mut Pinned, stream: dsys::CUstream, exec: dsys::CUgraphExec, uploads: &[(u64, Vec<u8>)], download: u64, len: usize) -> Result<Vec<u8>, String> {
+/// The parts of a capture in progress.
+struct Parts {
+    device: CudaDevice,
+    stream: usize,
+    segments: Vec<(Segment, GraphNodes)>,
+    /// The first failure; later parts are still captured (and dropped) so nothing runs.
+    error: Option<String>,
+}
+
+impl Parts {
+    /// Closes the current part and opens the next.
+    fn split(&mut self) {
+        let stream = self.stream;
+        let closed = on_device_thread(&self.device, move |cube| {
+            let closed = end_capture(stream);
+            // Open the next part even after a failure, so that the step's remaining ops are
+            // captured and dropped rather than run.
+            begin_part(cube, stream)?;
+            Ok(closed)
+        });
+        match closed.and_then(|c| c) {
+            Ok(segment) => self.segments.push(segment),
+            Err(e) => {
+                self.error.get_or_insert(e);
+            }
+        }
+    }
+}
+
+impl GraphNodes {
+    fn add(&mut self, other: &GraphNodes) {
+        self.kernels += other.kernels;
+        self.uploads += other.uploads;
+        self.upload_bytes += other.upload_bytes;
+        self.copies += other.copies;
+        self.memsets += other.memsets;
+        self.other += other.other;
+        self.graphs += other.graphs;
+    }
+}
+
+/// Opens a capture on `stream` after flushing CubeCL's queue of uploaded host buffers, so that
+/// the event its next flush waits for was recorded before the capture (see
+/// [`MAX_UPLOADS_PER_PART`]).
+fn begin_part(cube: &cubecl::prelude::ComputeClient<CudaRuntime>, stream: usize) -> Result<(), String> {
+    cube.flush().map_err(|e| format!("{e:?}"))?;
+    // SAFETY: a live stream of this context. Relaxed mode lets CubeCL's other driver calls
+    // (allocations, queries) run while the capture is open.
+    check("cuStreamBeginCapture", unsafe { dsys::cuStreamBeginCapture_v2(stream as dsys::CUstream, dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED) })
+}
+
+/// One replay on `stream`: uploads through `staging`, the graphs in order, the download, the wait.
+fn launch(staging: &mut Pinned, stream: dsys::CUstream, execs: &[usize], uploads: &[(u64, Vec<u8>)], download: u64, len: usize) -> Result<Vec<u8>, String> {
     let base = staging.ptr;
     let mut at = 0;
     for (dst, bytes) in uploads {
@@ -193,8 +269,10 @@ fn launch(staging: &mut Pinned, stream: dsys::CUstream, exec: dsys::CUgraphExec,
         check("cuMemcpyHtoDAsync", unsafe { dsys::cuMemcpyHtoDAsync_v2(*dst, (base + at) as *const _, bytes.len(), stream) })?;
         at += bytes.len();
     }
-    // SAFETY: an instantiated graph of this context, launched on the stream it was captured on.
-    check("cuGraphLaunch", unsafe { dsys::cuGraphLaunch(exec, stream) })?;
+    for &exec in execs {
+        // SAFETY: an instantiated graph of this context, launched on the stream it was captured on.
+        check("cuGraphLaunch", unsafe { dsys::cuGraphLaunch(exec as dsys::CUgraphExec, stream) })?;
+    }
     // SAFETY: `download` is a live device buffer of `len` bytes; the staging has room for them.
     check("cuMemcpyDtoHAsync", unsafe { dsys::cuMemcpyDtoHAsync_v2((base + at) as *mut _, download, len, stream) })?;
     // SAFETY: the captured stream.
@@ -204,12 +282,14 @@ fn launch(staging: &mut Pinned, stream: dsys::CUstream, exec: dsys::CUgraphExec,
 
 impl Drop for CudaGraph {
     fn drop(&mut self) {
-        let (graph, exec) = (self.graph, self.exec);
+        let handles: Vec<(usize, usize)> = self.segments.iter().map(|s| (s.graph, s.exec)).collect();
         let _ = on_device_thread(&self.device, move |_| {
-            // SAFETY: created by the capture, destroyed once; replays waited for their end.
-            unsafe {
-                dsys::cuGraphExecDestroy(exec as dsys::CUgraphExec);
-                dsys::cuGraphDestroy(graph as dsys::CUgraph);
+            for (graph, exec) in handles {
+                // SAFETY: created by the capture, destroyed once; replays waited for their end.
+                unsafe {
+                    dsys::cuGraphExecDestroy(exec as dsys::CUgraphExec);
+                    dsys::cuGraphDestroy(graph as dsys::CUgraph);
+                }
             }
             Ok(())
         });
@@ -241,25 +321,21 @@ fn discard_capture(stream: usize) -> Result<(), String> {
 }
 
 /// Ends the capture on `stream`, gives its uploads owned sources and instantiates the graph.
-fn end_capture(stream: usize) -> Result<(usize, usize, GraphNodes, Vec<Pinned>), String> {
+fn end_capture(stream: usize) -> Result<(Segment, GraphNodes), String> {
     let mut graph: dsys::CUgraph = std::ptr::null_mut();
     // SAFETY: the stream the capture began on; `graph` receives the captured graph or stays null.
     check("cuStreamEndCapture", unsafe { dsys::cuStreamEndCapture(stream as dsys::CUstream, &mut graph) })?;
-    let owned = own_uploads(graph);
-    let instantiated = owned.and_then(|(nodes, sources)| {
+    let instantiated = own_uploads(graph).and_then(|(nodes, sources)| {
         let mut exec: dsys::CUgraphExec = std::ptr::null_mut();
         // SAFETY: a complete graph of this context.
         check("cuGraphInstantiate", unsafe { dsys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) })?;
-        Ok((exec as usize, nodes, sources))
+        Ok((Segment { graph: graph as usize, exec: exec as usize, _sources: sources }, GraphNodes { graphs: 1, ..nodes }))
     });
-    match instantiated {
-        Ok((exec, nodes, sources)) => Ok((graph as usize, exec, nodes, sources)),
-        Err(e) => {
-            // SAFETY: the graph is not instantiated and nothing else holds it.
-            unsafe { dsys::cuGraphDestroy(graph) };
-            Err(e)
-        }
+    if instantiated.is_err() {
+        // SAFETY: the graph is not instantiated and nothing else holds it.
+        unsafe { dsys::cuGraphDestroy(graph) };
     }
+    instantiated
 }
 
 /// Counts the graph's nodes and points every host-to-device copy at a page-locked copy of its

@@ -265,8 +265,8 @@ impl GenerateArgs {
             decode * 1e3,
             count.saturating_sub(1) as f64 / decode.max(1e-9)
         );
-        if let StepPath::Graph { kernels } = steps.step_path() {
-            eprintln!("decode steps replayed from a CUDA graph of {kernels} kernels");
+        if let StepPath::Graph { kernels, parts, .. } = steps.step_path() {
+            eprintln!("decode steps replayed from CUDA graphs ({parts} parts, {kernels} kernels)");
         }
         Ok(())
     }

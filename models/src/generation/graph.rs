@@ -19,6 +19,10 @@ use kiln::backend::graph::{CudaGraph, DeviceBuffer, GraphNodes, float_buffer, in
 use super::sampler::{self, SamplingConfig};
 use crate::model::{DecodeInputs, Decoder, DecoderCache, Projection};
 
+/// Layers a captured part holds: a float layer's step uploads ~6 buffers of CubeCL metadata, so
+/// 4 layers stay well under the capture's limit (`kiln::backend::graph::MAX_UPLOADS_PER_PART`).
+const LAYERS_PER_PART: usize = 4;
+
 /// One decode step as a replayable graph, with the device buffers it reads and writes.
 pub(super) struct GraphStep<B: Backend> {
     graph: CudaGraph,
@@ -74,8 +78,13 @@ fn capture_on<B: KilnBackend, L: Projection<B>>(
     let inputs = DecodeInputs::new(cache.len(), pads, &device);
     let (tokens, position) = (int_buffer(as_cuda(&tokens_in)?)?, int_buffer(as_cuda(&inputs.position)?)?);
     let before = cache_addresses(cache)?;
-    let (graph, next) = CudaGraph::capture(cuda, || {
-        let hidden = model.decode_hidden(tokens_in.clone(), cache, &inputs);
+    let (graph, next) = CudaGraph::capture(cuda, |split| {
+        let mut after_layer = |layer: usize| {
+            if (layer + 1) % LAYERS_PER_PART == 0 {
+                split();
+            }
+        };
+        let hidden = model.decode_hidden_with(tokens_in.clone(), cache, &inputs, &mut after_layer);
         sampler::sample(model.last_logits(hidden), sampling, None)
     })?;
     if cache_addresses(cache)? != before {

@@ -48,8 +48,9 @@ pub enum StepPath {
     Plain,
     /// Plain until the graph is captured.
     GraphPending,
-    /// Replayed from a CUDA graph of `kernels` kernel nodes.
-    Graph { kernels: usize },
+    /// Replayed from CUDA graphs (the step's `parts`) of `kernels` kernel nodes and `uploads`
+    /// host-to-device copies in all.
+    Graph { kernels: usize, parts: usize, uploads: usize },
     /// The capture failed (the reason); the steps stay plain.
     GraphFailed(String),
 }
@@ -175,9 +176,9 @@ impl<B: KilnBackend, L: Projection<B>> Generation<'_, B, L> {
             self.path = match graph::capture(self.model, &mut self.cache, &self.pads, &self.config.sampling) {
                 None => StepPath::Plain,
                 Some(Ok(step)) => {
-                    let kernels = step.nodes().kernels;
+                    let nodes = step.nodes();
                     self.graph = Some(step);
-                    StepPath::Graph { kernels }
+                    StepPath::Graph { kernels: nodes.kernels, parts: nodes.graphs, uploads: nodes.uploads }
                 }
                 Some(Err(reason)) => {
                     eprintln!("kiln-models: decoding without a CUDA graph: {reason}");

@@ -216,11 +216,11 @@ impl<B: KilnBackend, L: Projection<B>> Decoder<B, L> {
                 let offset = cache.len;
                 cache.advance(seq);
                 let padding = mask::padding(pads, seq, offset + seq, self.dtype(), &device);
-                self.run_layers(tokens, &Step { rope: &self.rope, offset, mode: StepMode::Causal { padding } }, Some(cache))
+                self.run_layers(tokens, &Step { rope: &self.rope, offset, mode: StepMode::Causal { padding } }, Some(cache), &mut |_| {})
             }
             None => {
                 let padding = mask::padding(pads, seq, seq, self.dtype(), &device);
-                self.run_layers(tokens, &Step { rope: &self.rope, offset: 0, mode: StepMode::Causal { padding } }, None)
+                self.run_layers(tokens, &Step { rope: &self.rope, offset: 0, mode: StepMode::Causal { padding } }, None, &mut |_| {})
             }
         }
     }
@@ -232,15 +232,33 @@ impl<B: KilnBackend, L: Projection<B>> Decoder<B, L> {
     /// Burn's fusion reuses one plan and a CUDA graph can replay the step. The cache's count is not
     /// advanced: the caller owns it ([`DecoderCache::advance`]).
     pub fn decode_hidden(&self, tokens: Tensor<B, 2, Int>, cache: &mut DecoderCache<B>, inputs: &DecodeInputs<B>) -> Tensor<B, 3> {
+        self.decode_hidden_with(tokens, cache, inputs, &mut |_| {})
+    }
+
+    /// [`Decoder::decode_hidden`], calling `after_layer(i)` once layer `i`'s ops are enqueued (a
+    /// CUDA graph capture splits the step there).
+    pub fn decode_hidden_with(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        cache: &mut DecoderCache<B>,
+        inputs: &DecodeInputs<B>,
+        after_layer: &mut dyn FnMut(usize),
+    ) -> Tensor<B, 3> {
         let windows: Vec<Option<usize>> = self.layers.iter().map(|l| l.self_attn.window).collect();
         let masks = inputs.masks(&cache.keys, &windows, self.dtype());
         let rope = self.rope.rows(inputs.position.clone());
         let step = Step { rope: &rope, offset: 0, mode: StepMode::Decode { position: inputs.position.clone(), masks } };
-        self.run_layers(tokens, &step, Some(cache))
+        self.run_layers(tokens, &step, Some(cache), after_layer)
     }
 
     /// Embedding, every layer and the final norm, over `cache`'s layers when given.
-    fn run_layers(&self, tokens: Tensor<B, 2, Int>, step: &Step<'_, B>, mut cache: Option<&mut DecoderCache<B>>) -> Tensor<B, 3> {
+    fn run_layers(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        step: &Step<'_, B>,
+        mut cache: Option<&mut DecoderCache<B>>,
+        after_layer: &mut dyn FnMut(usize),
+    ) -> Tensor<B, 3> {
         let mut residual = self.embed_tokens.forward(tokens);
         let mut delta = None;
         for (i, layer) in self.layers.iter().enumerate() {
@@ -248,6 +266,7 @@ impl<B: KilnBackend, L: Projection<B>> Decoder<B, L> {
             let (d, r) = layer.forward(delta, residual, step, layer_cache);
             delta = Some(d);
             residual = r;
+            after_layer(i);
         }
         match delta {
             Some(delta) => self.norm.forward_residual(delta, residual).0,

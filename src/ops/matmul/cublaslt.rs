@@ -400,6 +400,14 @@ fn tune(stream: dsys::CUstream, candidates: &[Algo], run: impl Fn(&Algo) -> Resu
     best.map(|(_, a)| a).ok_or_else(|| "no candidate algorithm ran".into())
 }
 
+/// Whether `stream` is being captured into a CUDA graph.
+fn capturing(stream: dsys::CUstream) -> bool {
+    let mut status = dsys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: a live stream; the call only reads its capture state.
+    let ok = unsafe { dsys::cuStreamIsCapturing(stream, &mut status) } == dsys::CUresult::CUDA_SUCCESS;
+    ok && status != dsys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+}
+
 /// The device pointer of a tensor's first element, taken through CubeCL (which also orders the
 /// handle's producer against CubeCL's current stream).
 fn pointer(client: &ComputeClient<CudaRuntime>, t: &CubeTensor<impl CubeRuntime>) -> Result<u64, String> {
@@ -513,13 +521,23 @@ fn run<R: CubeRuntime>(engine: &mut Engine, client: &ComputeClient<CudaRuntime>,
         return engine.ordering.ordered(client, false, |lane| launch(lane, &plan.algo)).map(|()| true);
     }
     // A plan's first product: its kernels load now (see `Ordering::ordered`) and its candidates
-    // are timed.
-    let mut chosen = plan.algo;
+    // are timed, unless the stream is being captured into a CUDA graph (`backend::graph`), where
+    // waiting for the timing events would break the capture: the heuristic's choice runs then,
+    // and the candidates wait for the plan's next uncaptured product.
+    let mut chosen = None;
     engine.ordering.ordered(client, true, |lane| {
-        chosen = tune(lane.stream, &candidates, |algo| launch(lane, algo))?;
-        launch(lane, &chosen)
+        if capturing(lane.stream) {
+            return launch(lane, &plan.algo);
+        }
+        let best = tune(lane.stream, &candidates, |algo| launch(lane, algo))?;
+        chosen = Some(best);
+        launch(lane, &best)
     })?;
-    engine.plans.get_mut(&key).expect("built above").parts.algo = chosen;
+    let cached = engine.plans.get_mut(&key).expect("built above");
+    match chosen {
+        Some(algo) => cached.parts.algo = algo,
+        None => cached.candidates = candidates,
+    }
     Ok(true)
 }
 
