@@ -2,8 +2,9 @@
 //! (Qwen2.5-0.5B, Llama-3.2-1B, BitNet b1.58 2B, or a tiny one for a CPU smoke run): prefill
 //! tokens/s at a context, then greedy decode tokens/s at batch 1 over that context, each step's
 //! token read back as in real generation; `--ternary` packs the attention and MLP linears to
-//! 2-bit ternary weights (W2A8 products). The GPU check runs it next to `benches/peers/decode.py`
-//! (transformers).
+//! 2-bit ternary weights (W2A8 products). Each round decodes op by op and then with the steps
+//! replayed from a CUDA graph (where the backend has them), and fails unless both give the same
+//! tokens. The GPU check runs it next to `benches/peers/decode.py` (transformers).
 //!
 //! `cargo run --release -p kiln-models --features cuda --example decode_bench -- --shape qwen2.5-0.5b`
 
@@ -81,6 +82,7 @@ impl Args {
             let plain = self.decode(model, &prompt, false);
             let graph = self.decode(model, &prompt, true);
             println!("round {round}: replayed tokens equal the plain ones: {}", plain == graph);
+            assert_eq!(plain, graph, "decode_bench: the tokens of the replayed steps differ from the plain ones");
         }
         let kv = config.kv_cache_bytes(1, self.context + self.new, dtype.size());
         println!("KV cache {:.3} GB", kv as f64 / 1e9);
