@@ -16,7 +16,7 @@ use kiln::KilnBackend;
 use kiln_models::loader::RandomInit;
 use kiln_models::model::build::build;
 use kiln_models::runtime::{OnBackend, dispatch};
-use kiln_models::{Decoder, DecoderConfig, GenerationConfig, Projection, TernaryMaker, build_with};
+use kiln_models::{Decoder, DecoderConfig, GenerationConfig, Nf4Maker, Projection, TernaryMaker, build_with};
 
 #[derive(Parser, Debug, Clone)]
 struct Args {
@@ -41,6 +41,9 @@ struct Args {
     /// Packed ternary attention and MLP linears (BitNet's W2A8) instead of float ones.
     #[arg(long)]
     ternary: bool,
+    /// NF4 attention and MLP linears (QLoRA's base: block 64, double quantization).
+    #[arg(long)]
+    nf4: bool,
 }
 
 impl OnBackend for Args {
@@ -53,6 +56,9 @@ impl OnBackend for Args {
         if self.ternary {
             let model = build_with::<B, _, _>(&config, &mut init, &device, &mut TernaryMaker::default()).expect("random init");
             self.bench(&model, name)
+        } else if self.nf4 {
+            let model = build_with::<B, _, _>(&config, &mut init, &device, &mut Nf4Maker::default()).expect("random init");
+            self.bench(&model, name)
         } else {
             self.bench(&build::<B, _, _>(&config, &mut init, &device, |_, l| l).expect("random init"), name)
         }
@@ -63,7 +69,13 @@ impl Args {
     fn bench<B: KilnBackend, L: Projection<B>>(&self, model: &Decoder<B, L>, name: &str) {
         let (config, device) = (&model.config, model.embed_tokens.weight.device());
         let dtype = model.dtype();
-        let linears = if self.ternary { "ternary W2A8 linears" } else { "float linears" };
+        let linears = if self.ternary {
+            "ternary W2A8 linears"
+        } else if self.nf4 {
+            "NF4 linears"
+        } else {
+            "float linears"
+        };
         println!("decode_bench {} on {name}: {} parameters, {:?}, {linears}, context {}, new {}", self.shape, config.num_params(), dtype, self.context, self.new);
         let prompt: Vec<u32> = (0..self.context).map(|i| ((i * 7919 + 13) % config.vocab_size) as u32).collect();
         for round in 0..self.repeats {

@@ -17,6 +17,7 @@ use kiln_models::config::from_hf_json;
 use kiln_models::generation::{StepPath, StopStrings};
 use kiln_models::gguf::GgufFile;
 use kiln_models::loader::{SafetensorsSource, config_from_gguf};
+use kiln_models::model::build::check_all_used;
 use kiln_models::model::{Decoder, Projection};
 use kiln_models::runtime::{OnBackend, dispatch};
 use kiln_models::tokenizer::TextStream;
@@ -200,6 +201,7 @@ fn load_with_progress<B: KilnBackend, M: MakeLinear<B>>(
     maker: &mut M,
 ) -> Result<Decoder<B, M::Linear>, String> {
     let mut config = from_hf_json(dir).map_err(|e| e.to_string())?.1;
+    check_all_used(&source, &config, dir, |n| maker.consumes(n)).map_err(|e| e.to_string())?;
     if let Some(positions) = options.max_positions {
         config = config.with_max_positions(positions);
     }

@@ -207,8 +207,10 @@ pub fn load_made<B: Backend, M: MakeLinear<B>>(dir: &Path, options: &LoadOptions
 }
 
 /// A checkpoint tensor the config does not explain means the config and weights disagree (a
-/// bias the config omits, a layer too many): refuse rather than silently drop it.
-fn check_all_used(source: &SafetensorsSource, config: &DecoderConfig, dir: &Path, consumed: impl Fn(&str) -> bool) -> Result<()> {
+/// bias the config omits, a layer too many): refuse rather than silently drop it. `consumed`:
+/// names the linears' maker reads itself ([`MakeLinear::consumes`]). Every loader of HF
+/// directories calls it before building.
+pub fn check_all_used(source: &SafetensorsSource, config: &DecoderConfig, dir: &Path, consumed: impl Fn(&str) -> bool) -> Result<()> {
     if let Some(name) = source.names().filter(|n| kiln::ops::nf4::bnb::is_state(n) && !consumed(n)).min() {
         return Err(LoadError::tensor(dir, name, "a bitsandbytes 4-bit checkpoint: load it with `load_nf4`"));
     }
