@@ -44,6 +44,10 @@ struct Args {
     /// NF4 attention and MLP linears (QLoRA's base: block 64, double quantization).
     #[arg(long)]
     nf4: bool,
+    /// After the rounds, one more generation whose device memory is reported: CubeCL's pool after
+    /// the prefill (unused pages released) and after the decode (CUDA only).
+    #[arg(long)]
+    memory: bool,
 }
 
 impl OnBackend for Args {
@@ -98,6 +102,9 @@ impl Args {
         }
         let kv = config.kv_cache_bytes(1, self.context + self.new, dtype.size());
         println!("KV cache {:.3} GB", kv as f64 / 1e9);
+        if self.memory {
+            self.memory(model, &prompt, kv);
+        }
     }
 }
 
@@ -127,6 +134,43 @@ impl Args {
         );
         tokens
     }
+}
+
+impl Args {
+    /// The device memory of a generation: CubeCL's pool after the prefill (its unused pages
+    /// released) and after the decode, against the weights and the KV cache. The pool only grows
+    /// while decoding, so its reserve after the decode bounds the decode's peak.
+    fn memory<B: KilnBackend, L: Projection<B>>(&self, model: &Decoder<B, L>, prompt: &[u32], kv: usize) {
+        let device = model.embed_tokens.weight.device();
+        let weights = model.config.num_params() * model.dtype().size();
+        let mut steps = model.generate(&[prompt.to_vec()], GenerationConfig { max_new_tokens: self.new, ..GenerationConfig::default() });
+        steps.next();
+        B::memory_cleanup(&device);
+        let after_prefill = pool_usage(&device);
+        let decoded = steps.by_ref().count();
+        let after_decode = pool_usage(&device);
+        let gb = |u: Option<(u64, u64)>| u.map_or("n/a".to_string(), |(used, reserved)| format!("in use {:.3} GB, reserved {:.3} GB", used as f64 / 1e9, reserved as f64 / 1e9));
+        println!(
+            "memory ({:?}): weights {:.3} GB + KV cache {:.3} GB; pool after the prefill: {}; after {decoded} decode steps: {}",
+            steps.step_path(),
+            weights as f64 / 1e9,
+            kv as f64 / 1e9,
+            gb(after_prefill),
+            gb(after_decode)
+        );
+    }
+}
+
+/// CubeCL's pool on a CUDA device (bytes in use, reserved); `None` elsewhere.
+#[cfg(feature = "cuda")]
+fn pool_usage<D: 'static>(device: &D) -> Option<(u64, u64)> {
+    let cuda = (device as &dyn std::any::Any).downcast_ref::<burn::backend::cuda::CudaDevice>()?;
+    kiln::backend::graph::pool_usage(cuda).ok()
+}
+
+#[cfg(not(feature = "cuda"))]
+fn pool_usage<D>(_device: &D) -> Option<(u64, u64)> {
+    None
 }
 
 fn main() {

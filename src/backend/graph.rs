@@ -394,3 +394,10 @@ fn own_upload(node: dsys::CUgraphNode) -> Result<Option<Pinned>, String> {
     check("cuGraphMemcpyNodeSetParams", unsafe { dsys::cuGraphMemcpyNodeSetParams(node, &params) })?;
     Ok(Some(source))
 }
+
+/// Bytes in use and bytes reserved by CubeCL's memory pool of the calling thread's stream on
+/// `device`: what a generation holds (weights, KV cache, graph buffers) and what its pool took.
+pub fn pool_usage(device: &CudaDevice) -> Result<(u64, u64), String> {
+    let usage = CudaRuntime::client(device).memory_usage().map_err(|e| format!("{e:?}"))?;
+    Ok((usage.bytes_in_use, usage.bytes_reserved))
+}

@@ -57,8 +57,10 @@ pub enum StepPath {
 
 /// Plain decode steps before the capture: the first runs compile kernels and settle the fusion
 /// plans, which a capture cannot do.
+#[cfg(feature = "cuda")]
 const PLAIN_STEPS: usize = 2;
 /// Steps left under which a capture does not pay.
+#[cfg(feature = "cuda")]
 const MIN_REPLAYS: usize = 4;
 
 /// One decode step's tokens: `Some(id)` for each row still generating, `None` for rows that

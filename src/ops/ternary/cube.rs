@@ -148,6 +148,8 @@ fn gemv<R: CubeRuntime>(x: CubeTensor<R>, weight: &Weight<R>) -> CubeTensor<R> {
     if dp4a::gemv_fused(&x, m, weight, &out) {
         return out;
     }
+    // The code sums serve the `dp4a` kernel only.
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
     let [words, scales, sums] = packed_acts(&x);
     #[cfg(feature = "cuda")]
     if dp4a::gemv(&x, m, weight, [&words, &scales, &sums], &out) {
