@@ -127,6 +127,12 @@ fn kernels_match_the_host_on_wgpu() {
 }
 
 #[test]
+fn fused_step_matches_the_reference_on_wgpu() {
+    let Some(device) = common::wgpu_device() else { return };
+    common::sketches::check_step::<Wgpu>(&device, &[(1, 1), (1000, 3), (65_537, 8)], &[DType::F32, DType::F16]);
+}
+
+#[test]
 fn reference_matches_the_host_on_ndarray() {
     check_device::<NdArray>(&Default::default(), &[(1, 1), (31, 4), (1000, 3), (4099, 8)], &[DType::F32]);
 }

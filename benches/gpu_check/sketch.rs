@@ -1,7 +1,8 @@
 //! Ternary gradient sketches on the H100: compress and decompress against the host definition
-//! (bit for bit; sums of squares within a rounding per term), the sketched AdamW at ratio 1 against Burn's AdamW, and timings at a Llama-7B
-//! MLP weight (4096 × 11008): compress + decompress, and an optimizer step next to AdamW's, with
-//! the state memory; torch's count sketch (stored index map, `index_add_`) and fused AdamW run in
+//! (bit for bit; sums of squares within a rounding per term), the fused sketched-AdamW step
+//! against its reference composition, the sketched AdamW at ratio 1 against Burn's AdamW, and
+//! timings at a Llama-7B MLP weight (4096 × 11008): compress + decompress, and an optimizer step
+//! next to AdamW's, with the state memory; torch's count sketch (stored index map, `index_add_`) and fused AdamW run in
 //! `peers/sketch.py` in the same call.
 
 use std::time::Instant;
@@ -13,6 +14,7 @@ use kiln::ops::sketch::{self, Sketch};
 use kiln::optim::SketchedAdamWConfig;
 
 use super::B;
+use super::common::sketches::check_step;
 
 /// Values of the timed parameter (a Llama-7B MLP weight).
 const N: usize = 4096 * 11008;
@@ -50,6 +52,9 @@ pub fn parity(device: &CudaDevice) -> bool {
             }
         }
     }
+    let fused = std::panic::catch_unwind(|| check_step::<B>(device, &[(1, 1), (1000, 3), (1_000_003, 4)], &[DType::F32, DType::BF16]));
+    ok &= fused.is_ok();
+    println!("parity sketched AdamW fused step vs its reference composition, 3 steps, f32 and bf16: {}", if fused.is_ok() { "ok" } else { "FAIL" });
     let sketched = SketchedAdamWConfig::new().with_ratio(1).with_weight_decay(0.01).build();
     let adamw = AdamWConfig::new().with_weight_decay(0.01).build();
     let mut w = (Tensor::<B, 2>::random([64, 999], Distribution::Normal(0.0, 1.0), device), None);

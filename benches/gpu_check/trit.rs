@@ -12,7 +12,7 @@ use cubecl::cuda::CudaRuntime;
 use kiln::ops::trit::{Metric, TritTensor, format};
 use kiln_kernels::trit::{ScoreArgs, WordLayout, launch_planes_to_codes, launch_scores};
 
-use super::common::trits::{check_ops, ints};
+use super::common::trits::{check_ops, check_search, host_batch, ints};
 use super::B;
 
 type Cube = CubeBackend<CudaRuntime, f32, i32, u8>;
@@ -23,7 +23,9 @@ const LEN: usize = 10_000;
 /// HBM3 nominal bandwidth of the H100 SXM, bytes per second.
 const HBM: f64 = 3.35e12;
 
-/// The CI tests' op check on CUDA, then search over 1M × 10 000 against the host for two queries.
+/// The CI tests' op check on CUDA; all-pairs scores and search for query counts that take each
+/// tensor-core variant (1–8 tiles of 8 queries, a second group past 64); then search over 1M ×
+/// 10 000 against the host for eight queries.
 pub fn parity(device: &CudaDevice) -> bool {
     let start = Instant::now();
     let ops = std::panic::catch_unwind(|| {
@@ -32,10 +34,22 @@ pub fn parity(device: &CudaDevice) -> bool {
     });
     println!("parity trit ops (lengths 1 … 1 000 003, 5 and 301 rows): {} ({:.1} s)", if ops.is_ok() { "ok" } else { "FAIL" }, start.elapsed().as_secs_f64());
     let start = Instant::now();
+    let many = std::panic::catch_unwind(|| {
+        for len in [1, 255, 257, 10_000, 65_537] {
+            let hm = host_batch(4099, len, 0.5, 21);
+            let memory = TritTensor::<B>::from_host(&hm, device).unwrap();
+            for q in [2, 3, 13, 31, 64, 70] {
+                let hq = host_batch(q, len, 0.3, 22);
+                check_search::<B>(&memory, &hm, &TritTensor::<B>::from_host(&hq, device).unwrap(), &hq, &format!("len {len}, {q} queries"));
+            }
+        }
+    });
+    println!("parity trit search, 2 … 70 queries against 4099 rows of 1 … 65 537 trits: {} ({:.1} s)", if many.is_ok() { "ok" } else { "FAIL" }, start.elapsed().as_secs_f64());
+    let start = Instant::now();
     let memory = TritTensor::<B>::random(STORED, LEN, 0.5, 5, device).unwrap();
-    let queries = TritTensor::<B>::random(2, LEN, 0.5, 6, device).unwrap();
+    let queries = TritTensor::<B>::random(8, LEN, 0.5, 6, device).unwrap();
     let (hm, hq) = (memory.to_host(), queries.to_host());
-    let mut ok = ops.is_ok();
+    let mut ok = ops.is_ok() && many.is_ok();
     for metric in [Metric::Dot, Metric::Hamming] {
         let k = 10;
         let (scores, indices) = queries.search(&memory, metric, k);
@@ -52,12 +66,12 @@ pub fn parity(device: &CudaDevice) -> bool {
     ok
 }
 
-/// The search table: scores alone and search (scores + top-10) per call, for 1, 8 and 64 queries,
+/// The search table: scores alone and search (scores + top-10) per call, for 1 to 64 queries,
 /// with the packed bytes' rate; then bind and bundle throughput in trits per second.
 pub fn bench(device: &CudaDevice) {
     let memory = TritTensor::<B>::random(STORED, LEN, 0.5, 5, device).unwrap();
     let bytes = memory.bytes() as f64;
-    for q in [1, 8, 64] {
+    for q in [1, 2, 4, 8, 64] {
         let queries = TritTensor::<B>::random(q, LEN, 0.5, 6, device).unwrap();
         for metric in [Metric::Dot, Metric::Hamming] {
             let scores = super::time_adaptive(device, 0.3, 200, || queries.similarity(&memory, metric));

@@ -65,12 +65,17 @@ impl<B: TritBackend, L: Clone> ItemMemory<B, L> {
             return Err(TritError(format!("item memory: {} labels for {} vectors", labels.len(), vectors.rows())));
         }
         self.flush();
-        self.stored = Some(match self.stored.take() {
-            Some(stored) => TritTensor::cat(&[stored, vectors]),
-            None => vectors,
-        });
+        self.append(vectors);
         self.labels.extend(labels);
         Ok(())
+    }
+
+    /// Rows after the stored batch (or the first batch).
+    fn append(&mut self, rows: TritTensor<B>) {
+        self.stored = Some(match self.stored.take() {
+            Some(stored) => TritTensor::cat(&[stored, rows]),
+            None => rows,
+        });
     }
 
     fn check_len(&self, len: usize) -> Result<(), TritError> {
@@ -87,10 +92,7 @@ impl<B: TritBackend, L: Clone> ItemMemory<B, L> {
         }
         let batch = TritTensor::from_host(&self.pending, &self.device).expect("pending vectors share the memory's length");
         self.pending.clear();
-        self.stored = Some(match self.stored.take() {
-            Some(stored) => TritTensor::cat(&[stored, batch]),
-            None => batch,
-        });
+        self.append(batch);
     }
 
     /// The stored vectors as one device batch (uploading buffered inserts first).

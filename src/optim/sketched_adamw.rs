@@ -4,7 +4,11 @@
 //!
 //! - `m ← β₁m + (1 − β₁)·P·g` (signed buckets), `v ← β₂v + (1 − β₂)·|P|·g²` (bucket sums of squares);
 //! - `Δⱼ = m̂ⱼ / (√v̂ⱼ + ε)` with `m̂ = Pᵀm / (1 − β₁ᵗ)` and `v̂ = |P|ᵀv / (r · (1 − β₂ᵗ))` (the
-//!   bucket's mean square), then decoupled weight decay as Burn's AdamW: `w ← w·(1 − lr·λ) − lr·Δ`.
+//!   bucket's mean square), then decoupled weight decay as Burn's AdamW: `w ← w·(1 − lr·λ) − lr·Δ`,
+//!   in f32, rounded once to the parameter's dtype.
+//!
+//! A step is [`sketch::adamw_step`]: on CubeCL backends two kernels (both moments from one gather
+//! of the gradient, then the update), not a chain of sketch passes and elementwise ops.
 //!
 //! The state costs `2⌈n / r⌉` f32 a parameter instead of `2n`. The price is the sketch's
 //! interference: `m̂ⱼ` carries its bucket mates' momenta with random signs (zero mean, variance
@@ -17,7 +21,7 @@ use burn::optim::{LearningRate, SimpleOptimizer, adaptor::OptimizerAdaptor};
 use burn::record::Record;
 use burn::tensor::{DType, Tensor, backend::{AutodiffBackend, Backend}};
 
-use crate::ops::sketch::{self, Sketch, SketchBackend};
+use crate::ops::sketch::{self, AdamWScalars, Sketch, SketchBackend};
 
 /// Configuration of [`SketchedAdamW`].
 #[derive(Config, Debug)]
@@ -97,19 +101,13 @@ impl<B: SketchBackend> SimpleOptimizer<B> for SketchedAdamW {
         let c = &self.config;
         let shape = tensor.shape();
         let sketch = self.sketch(shape.num_elements());
-        let g = grad.reshape([sketch.n]);
-        let (signed, squares) = (sketch::compress(g.clone(), &sketch), sketch::compress_squares(g, &sketch));
-        let (b1, b2) = (c.beta_1 as f64, c.beta_2 as f64);
-        let state = match state {
-            Some(s) => SketchedAdamWState { moment_1: s.moment_1 * b1 + signed * (1.0 - b1), moment_2: s.moment_2 * b2 + squares * (1.0 - b2), time: s.time + 1 },
-            None => SketchedAdamWState { moment_1: signed * (1.0 - b1), moment_2: squares * (1.0 - b2), time: 1 },
+        let (moments, time) = match state {
+            Some(s) => ([s.moment_1, s.moment_2], s.time + 1),
+            None => ([(); 2].map(|_| Tensor::zeros([sketch.compressed()], (&tensor.device(), DType::F32))), 1),
         };
-        let t = state.time as i32;
-        let m = sketch::decompress(state.moment_1.clone() / (1.0 - b1.powi(t)), &sketch, DType::F32);
-        let v = sketch::decompress_unsigned(state.moment_2.clone() / (sketch.ratio as f64 * (1.0 - b2.powi(t))), &sketch, DType::F32);
-        let delta = (m / (v.sqrt() + c.epsilon as f64)).reshape(shape).cast(tensor.dtype());
-        let decayed = tensor.clone() * (1.0 - lr * c.weight_decay as f64);
-        (decayed - delta * lr, Some(state))
+        let scalars = AdamWScalars::new(c.beta_1, c.beta_2, c.epsilon, c.weight_decay, lr, time, sketch.ratio);
+        let (w, [moment_1, moment_2]) = sketch::adamw_step(tensor.reshape([sketch.n]), grad.reshape([sketch.n]), moments, &sketch, scalars);
+        (w.reshape(shape), Some(SketchedAdamWState { moment_1, moment_2, time }))
     }
 
     fn to_device<const D: usize>(mut state: Self::State<D>, device: &B::Device) -> Self::State<D> {

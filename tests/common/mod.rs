@@ -7,6 +7,7 @@
 
 pub mod adapters;
 pub mod checks;
+pub mod sketches;
 pub mod ternary;
 pub mod trits;
 

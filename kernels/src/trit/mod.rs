@@ -7,6 +7,8 @@
 
 mod elementwise;
 mod search;
+#[cfg(feature = "cuda")]
+pub mod scores_mma;
 
 pub use elementwise::{launch_bind, launch_bundle, launch_pack, launch_permute, launch_planes_to_codes, launch_random, launch_unpack, BundleArgs};
 pub use search::{launch_scores, launch_topk, Metric, ScoreArgs, TopkArgs, WordLayout, TOPK_CHUNK, TOPK_MAX_K};

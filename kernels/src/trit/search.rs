@@ -61,17 +61,6 @@ fn vector_score<N: Size>(a: Vector<u32, N>, b: Vector<u32, N>, #[comptime] pairs
     s
 }
 
-/// The query row scored against memory row `row`: `wanted` (clamped to the last) for all pairs;
-/// for pairwise scores `row`, or 0 when there is one query row.
-#[cube]
-fn query_row(wanted: usize, query_rows: usize, row: usize, #[comptime] pairwise: bool) -> usize {
-    let mut q = wanted.min(query_rows - 1);
-    if comptime!(pairwise) {
-        q = select(query_rows == 1, 0, row);
-    }
-    q
-}
-
 /// Groups of `group` units per stored row, each unit striding over the row's vectors of words
 /// and scoring them against `tile` query rows at a time (the row's words stay in cache across
 /// tiles; the tile's query words are staged in shared memory for the whole cube); the group's
@@ -114,7 +103,8 @@ fn scores_kernel<N: Size>(
                 let mut v = lane;
                 while v < vectors {
                     let m = memory[row * vectors + v];
-                    let q = query_row(0, query_rows, row, pairwise) * vectors;
+                    // Query row `row`, or 0 when one query row serves every memory row.
+                    let q = select(query_rows == 1, 0, row) * vectors;
                     acc[0] += vector_score::<N>(m, queries[q + v], pairs_per_vector, hamming, codes);
                     v += group;
                 }

@@ -3,9 +3,9 @@
 use burn::tensor::{DType, FloatDType};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn::tensor::ops::FloatTensor;
-use kiln_kernels::sketch::{launch_compress, launch_decompress};
+use kiln_kernels::sketch::{AdamWArgs, launch_adamw_step, launch_compress, launch_decompress};
 
-use super::{Sketch, SketchBackend};
+use super::{AdamWScalars, Sketch, SketchBackend};
 use crate::backend::cube::{dense, empty_like_device, storage};
 
 impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SketchBackend for CubeBackend<R, F, I, BT> {
@@ -21,5 +21,23 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> SketchBack
         let out = empty_like_device(&c, [sketch.n], dtype.into());
         launch_decompress(&c.client.clone(), storage(&out), sketch.params(), signed, c.into_array_arg(), out.clone().into_array_arg());
         out
+    }
+
+    fn sketch_adamw_step(param: FloatTensor<Self>, grad: FloatTensor<Self>, moments: [FloatTensor<Self>; 2], sketch: Sketch, scalars: AdamWScalars) -> [FloatTensor<Self>; 3] {
+        let (param, grad) = (dense(param), dense(grad));
+        let [m, v] = moments.map(dense);
+        let d = sketch.compressed();
+        let out = empty_like_device(&param, [sketch.n], param.dtype);
+        let [m_out, v_out] = [(); 2].map(|_| empty_like_device(&m, [d], DType::F32));
+        let args = AdamWArgs {
+            param: param.clone().into_array_arg(),
+            grad: grad.into_array_arg(),
+            moments: [m.into_array_arg(), v.into_array_arg()],
+            param_out: out.clone().into_array_arg(),
+            moments_out: [m_out.clone().into_array_arg(), v_out.clone().into_array_arg()],
+            moments_read: [m_out.clone().into_array_arg(), v_out.clone().into_array_arg()],
+        };
+        launch_adamw_step(&param.client.clone(), storage(&param), sketch.params(), scalars, args);
+        [out, m_out, v_out]
     }
 }

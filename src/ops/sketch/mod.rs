@@ -13,6 +13,7 @@ mod fusion;
 pub mod reference;
 
 pub use format::{Sketch, SketchError};
+pub use kiln_kernels::sketch::AdamWScalars;
 
 use burn::tensor::{DType, FloatDType, Tensor, backend::Backend, ops::FloatTensor};
 use kiln_kernels::sketch::SketchParams;
@@ -32,6 +33,12 @@ pub trait SketchBackend: Backend {
     /// `[⌈n / r⌉]` f32 buckets into `[n]` values of `dtype`: signed (`Pᵀ·c`) or the plain gather.
     fn sketch_decompress(c: FloatTensor<Self>, sketch: Sketch, signed: bool, dtype: FloatDType) -> FloatTensor<Self> {
         reference::decompress::<Self>(c, sketch, signed, dtype)
+    }
+
+    /// One AdamW step with sketched moments ([`adamw_step`]): the parameter `[n]` and its gradient
+    /// (same dtype), the moments `[⌈n / r⌉]` f32, into the new parameter and moments.
+    fn sketch_adamw_step(param: FloatTensor<Self>, grad: FloatTensor<Self>, moments: [FloatTensor<Self>; 2], sketch: Sketch, scalars: AdamWScalars) -> [FloatTensor<Self>; 3] {
+        reference::adamw_step::<Self>(param, grad, moments, sketch, scalars)
     }
 }
 
@@ -87,4 +94,29 @@ fn decompress_with<B: SketchBackend>(c: Tensor<B, 1>, sketch: &Sketch, signed: b
     ensure_float("sketch::decompress", "dtype", dtype);
     let c = prim(c.cast(DType::F32));
     wrap(B::sketch_decompress(c, *sketch, signed, FloatDType::from(dtype)))
+}
+
+/// One AdamW step with its moments in the sketch, on a flat parameter (what
+/// [`crate::optim::SketchedAdamW`] runs per parameter):
+/// `m ← β₁m + (1 − β₁)·P·g`, `v ← β₂v + (1 − β₂)·|P|·g²`, then per element
+/// `w ← w·decay − lr · m̂ / (√v̂ + ε)` with `m̂ = (Pᵀm) / bias_1` and `v̂ = (|P|ᵀv) / v_scale`
+/// ([`AdamWScalars`]), computed in f32 and rounded once to the parameter's dtype. Returns the new
+/// parameter and moments. On CubeCL backends: two kernels, one gather of the gradient for both
+/// moments and one permutation per element for the update.
+///
+/// # Panics
+/// If the parameter or gradient do not hold the sketch's `n` values, the moments not `⌈n / r⌉`
+/// each, or a tensor is not float.
+pub fn adamw_step<B: SketchBackend>(param: Tensor<B, 1>, grad: Tensor<B, 1>, moments: [Tensor<B, 1>; 2], sketch: &Sketch, scalars: AdamWScalars) -> (Tensor<B, 1>, [Tensor<B, 1>; 2]) {
+    const OP: &str = "sketch::adamw_step";
+    check_len(OP, "param", param.dims()[0], sketch.n, sketch);
+    check_len(OP, "grad", grad.dims()[0], sketch.n, sketch);
+    ensure_float(OP, "param", param.dtype());
+    ensure_float(OP, "grad", grad.dtype());
+    let [m, v] = moments;
+    check_len(OP, "moment_1", m.dims()[0], sketch.compressed(), sketch);
+    check_len(OP, "moment_2", v.dims()[0], sketch.compressed(), sketch);
+    let grad = grad.cast(param.dtype());
+    let [w, m, v] = B::sketch_adamw_step(prim(param), prim(grad), [prim(m.cast(DType::F32)), prim(v.cast(DType::F32))], *sketch, scalars);
+    (wrap(w), [wrap(m), wrap(v)])
 }

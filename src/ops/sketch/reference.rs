@@ -4,7 +4,7 @@
 
 use burn::tensor::{DType, FloatDType, Int, Tensor, TensorData, backend::Backend, ops::FloatTensor};
 
-use super::Sketch;
+use super::{AdamWScalars, Sketch, SketchBackend};
 use crate::ops::{prim, wrap};
 
 fn ints<B: Backend>(values: Vec<i64>, device: &B::Device) -> Tensor<B, 1, Int> {
@@ -51,4 +51,21 @@ pub fn decompress<B: Backend>(c: FloatTensor<B>, sketch: Sketch, signed: bool, d
         out = out * floats::<B>((0..sketch.n).map(|j| sign(&sketch, j)).collect(), &device);
     }
     prim(out.cast(dtype))
+}
+
+/// [`super::SketchBackend::sketch_adamw_step`] from the backend's own compress and decompress and
+/// elementwise ops (four passes over the sketch instead of the kernels' two).
+pub fn adamw_step<B: SketchBackend>(param: FloatTensor<B>, grad: FloatTensor<B>, moments: [FloatTensor<B>; 2], sketch: Sketch, s: AdamWScalars) -> [FloatTensor<B>; 3] {
+    let (w, grad): (Tensor<B, 1>, Tensor<B, 1>) = (wrap(param), wrap(grad));
+    let [m, v]: [Tensor<B, 1>; 2] = moments.map(wrap);
+    let signed: Tensor<B, 1> = wrap(B::sketch_compress(prim(grad.clone()), sketch, false));
+    let squares: Tensor<B, 1> = wrap(B::sketch_compress(prim(grad), sketch, true));
+    let m = m * s.beta_1 + signed * (1.0 - s.beta_1);
+    let v = v * s.beta_2 + squares * (1.0 - s.beta_2);
+    let m_hat: Tensor<B, 1> = wrap(B::sketch_decompress(prim(m.clone() / s.bias_1), sketch, true, FloatDType::F32));
+    let v_hat: Tensor<B, 1> = wrap(B::sketch_decompress(prim(v.clone() / s.v_scale), sketch, false, FloatDType::F32));
+    let delta = m_hat / (v_hat.sqrt() + s.epsilon);
+    let dtype = w.dtype();
+    let w = (w.cast(DType::F32) * s.decay - delta * s.lr).cast(dtype);
+    [prim(w), prim(m), prim(v)]
 }

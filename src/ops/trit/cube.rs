@@ -106,6 +106,10 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> TritBacken
             return Self::int_zeros(shape, &memory.device, IntDType::I32);
         }
         let scores = empty_like_device(&memory, shape, DType::I32);
+        #[cfg(feature = "cuda")]
+        if !pairwise && mma::scores(&queries, &memory, &scores, metric) {
+            return scores;
+        }
         let vector_size = vector_size(width);
         let args = ScoreArgs {
             queries: queries.into_array_arg(),
@@ -150,5 +154,39 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> TritBacken
             }
         }
         (keys, indices.expect("one pass ran"))
+    }
+}
+
+/// All-pairs scores on CUDA's binary tensor cores (`kiln_kernels::trit::scores_mma`).
+#[cfg(feature = "cuda")]
+mod mma {
+    use burn::tensor::{DType, TensorMetadata};
+    use burn_cubecl::{CubeRuntime, tensor::CubeTensor};
+    use kiln_kernels::trit::Metric;
+    use kiln_kernels::trit::scores_mma::{MmaScoreArgs, launch_scores_mma, prepared_words, takes};
+
+    use super::rows_width;
+    use crate::backend::cube::{cuda, empty_like_device};
+
+    fn binding<R: CubeRuntime>(t: &CubeTensor<R>) -> cubecl::server::Binding {
+        t.handle.clone().binding()
+    }
+
+    /// Enqueues `scores` (all pairs) on the tensor cores if the words live on a CUDA device of
+    /// compute capability 8.0 or up (1-bit `mma`) and the kernel takes the sizes; `false`
+    /// enqueues nothing.
+    pub(super) fn scores<R: CubeRuntime>(queries: &CubeTensor<R>, memory: &CubeTensor<R>, scores: &CubeTensor<R>, metric: Metric) -> bool {
+        let Some(client) = cuda::client(memory) else { return false };
+        let ((query_rows, width), memory_rows) = (rows_width(queries), memory.shape()[0]);
+        let pairs = width / 2;
+        let capable = cuda::device_index(memory).and_then(cuda::compute_capability).is_some_and(|cc| cc >= (8, 0));
+        if !capable || !takes(query_rows, memory_rows, pairs) {
+            return false;
+        }
+        let prepared = empty_like_device(memory, [prepared_words(query_rows, pairs)], DType::I32);
+        let nnz = empty_like_device(memory, [query_rows], DType::I32);
+        let args = MmaScoreArgs { queries: binding(queries), memory: binding(memory), scores: binding(scores), prepared: binding(&prepared), nnz: binding(&nnz) };
+        launch_scores_mma(client, query_rows, memory_rows, pairs, metric, args);
+        true
     }
 }
