@@ -102,6 +102,26 @@ pub fn bench(device: &CudaDevice) {
             4.0 * N as f64 / decompress / 1e9
         );
     }
+    // The step alone on the flat parameter: the fused kernels against the composition they
+    // replace (two compressions, two decompressions and elementwise ops), state not carried.
+    for r in [4, 16] {
+        let s = Sketch::new(N, r, 3).unwrap();
+        let w = Tensor::<B, 1>::random([N], Distribution::Normal(0.0, 0.02), device);
+        let moments = || [(); 2].map(|_| Tensor::<B, 1>::random([s.compressed()], Distribution::Uniform(0.0, 1.0), device));
+        let scalars = sketch::AdamWScalars::new(0.9, 0.999, 1e-8, 0.01, 1e-3, 10, r);
+        let (m, v) = (moments(), moments());
+        let fused = super::time_adaptive(device, 0.3, 100, || sketch::adamw_step(w.clone(), g.clone(), m.clone(), &s, scalars).0);
+        let composed = super::time_adaptive(device, 0.3, 100, || {
+            let [w, ..] = sketch::reference::adamw_step::<B>(w.clone().into_primitive().tensor(), g.clone().into_primitive().tensor(), v.clone().map(|t| t.into_primitive().tensor()), s, scalars);
+            Tensor::<B, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(w))
+        });
+        println!(
+            "bench sketched AdamW step n {N} ratio {r}: fused {:.3} ms, composed (compress ×2, decompress ×2, elementwise) {:.3} ms ({:.2}× faster)",
+            fused * 1e3,
+            composed * 1e3,
+            composed / fused
+        );
+    }
     let w = Tensor::<B, 2>::random([4096, 11008], Distribution::Normal(0.0, 0.02), device);
     let g2 = Tensor::<B, 2>::random([4096, 11008], Distribution::Normal(0.0, 1.0), device);
     let adamw = step_time(device, &AdamWConfig::new().build(), w.clone(), g2.clone());

@@ -29,9 +29,11 @@ const MAX_QUERY_TILES: usize = 8;
 const CHUNK_ENTRIES: usize = 32;
 /// Threads of the preparing kernel (one cube per query slot).
 const PREPARE_THREADS: u32 = 128;
-/// The fewest query rows the tensor-core path takes: at one query the portable kernel reads memory
-/// faster (it needs no fragment staging).
-pub const MIN_QUERIES: usize = 2;
+/// The fewest query rows the tensor-core path takes. On the H100 at 1M × 10 000 trits (twenty-
+/// seventh session, through Burn) the portable kernel is faster up to 4 queries (1 query: 0.91
+/// against 1.12 ms; 4: 0.91 against 1.14 ms), which it scores as one tile; from 5 it takes
+/// 8-query tiles and loses (8, dot: 1.45 against 1.16 ms).
+pub const MIN_QUERIES: usize = 5;
 /// Word pairs per k-slab (256 trits).
 const SLAB_PAIRS: usize = 8;
 

@@ -7,6 +7,10 @@ use cubecl::prelude::*;
 const CUBE_UNITS: usize = 256;
 /// Query vectors per row staged in shared memory at a time by the all-pairs scores.
 const STAGE: usize = 64;
+/// Memory vectors a unit loads per staged chunk before scoring them: `STAGE` over the largest
+/// group (8 units a row). One load in flight per unit held the 1-query dot scores at 69% of the
+/// H100's HBM with 8-byte vectors (`benches/RESULTS.md`, twenty-seventh session).
+const LOADS_AHEAD: usize = STAGE / 8;
 /// Score rows each top-k cube selects from: `CUBE_UNITS` units × 8.
 pub const TOPK_CHUNK: usize = CUBE_UNITS * TOPK_PER_UNIT;
 const TOPK_PER_UNIT: usize = 8;
@@ -122,15 +126,25 @@ fn scores_kernel<N: Size>(
                 }
                 sync_cube();
                 if valid {
+                    // The unit's vectors of the chunk (lane, lane + group, …: at most
+                    // `STAGE / 8` when `group` is 8, one when a row holds fewer than 8) are all
+                    // loaded before any is scored, so their loads are in flight together; a
+                    // slot past the chunk reads its last vector and is not scored.
                     let end = (vectors - first).min(STAGE);
-                    let mut c = lane;
-                    while c < end {
-                        let m = memory[row * vectors + first + c];
-                        #[unroll]
-                        for t in 0..tile {
-                            acc[t] += vector_score::<N>(m, staged[t * STAGE + c], pairs_per_vector, hamming, codes);
+                    let mut words = Array::<Vector<u32, N>>::new(LOADS_AHEAD);
+                    #[unroll]
+                    for i in 0..LOADS_AHEAD {
+                        words[i] = memory[row * vectors + first + (lane + i * group).min(end - 1)];
+                    }
+                    #[unroll]
+                    for i in 0..LOADS_AHEAD {
+                        let c = lane + i * group;
+                        if c < end {
+                            #[unroll]
+                            for t in 0..tile {
+                                acc[t] += vector_score::<N>(words[i], staged[t * STAGE + c], pairs_per_vector, hamming, codes);
+                            }
                         }
-                        c += group;
                     }
                 }
                 sync_cube();
@@ -278,9 +292,15 @@ pub fn launch_scores<R: Runtime>(client: &ComputeClient<R>, args: ScoreArgs<R>) 
         return;
     }
     // Enough units per row to issue 16-byte loads of a 10k-trit row in a few steps; a tile of
-    // queries sized to the batch (a pass re-reads the row from cache, not from memory).
+    // queries sized to the batch (a pass re-reads the row from cache, not from memory). Two
+    // queries take a tile of four: on the H100 a tile of two scored 1M × 10 000 trits in 1.34 ms
+    // against four queries' 0.91 (`benches/RESULTS.md`, twenty-seventh session).
     let group = (args.vectors.next_power_of_two()).clamp(1, 8);
-    let tile = if args.pairwise { 1 } else { args.query_rows.next_power_of_two().min(16) };
+    let tile = match args.query_rows {
+        _ if args.pairwise => 1,
+        2 => 4,
+        q => q.next_power_of_two().min(16),
+    };
     let units = args.memory_rows.div_ceil(CUBE_UNITS / group) * CUBE_UNITS;
     let dim = CubeDim::new_1d(CUBE_UNITS as u32);
     let count = cubecl::calculate_cube_count_elemwise(client, units, dim);
