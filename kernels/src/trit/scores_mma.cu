@@ -91,50 +91,49 @@ __device__ __forceinline__ void kiln_copy_entries(uint4* dst, const uint4* src, 
     asm volatile("cp.async.commit_group;\n" ::);
 }
 
-// The products of one slab: every vector tile of the warp against every staged query tile. Each
-// term's products come as a batch of independent accumulators (tiles), so consecutive MMAs never
-// wait on each other's result.
+// One term for every pair of tiles: acc[m][j] += popc(a[m] & b[j]) over the slab, as a batch of
+// independent accumulators, so consecutive MMAs never wait on each other's result.
+__device__ __forceinline__ void kiln_term(int (&acc)[KILN_MT][KILN_NT][4], const unsigned (&a)[KILN_MT][4], const unsigned (&b0)[KILN_NT],
+                                          const unsigned (&b1)[KILN_NT]) {
+#pragma unroll
+    for (int j = 0; j < KILN_NT; ++j)
+#pragma unroll
+        for (int m = 0; m < KILN_MT; ++m) kiln_bmma(acc[m][j], a[m], b0[j], b1[j]);
+}
+
+// The products of one slab: every vector tile of the warp against every staged query tile, one
+// term at a time (the score formulas at the top).
 __device__ __forceinline__ void kiln_slab(int (&acc)[KILN_MT][KILN_NT][4], const uint2 (&x)[KILN_MT][4], const uint4* stage,
                                           unsigned s, unsigned lane) {
-    uint4 b[KILN_NT];
+    unsigned qp0[KILN_NT], qp1[KILN_NT], qn0[KILN_NT], qn1[KILN_NT];
 #pragma unroll
-    for (int j = 0; j < KILN_NT; ++j) b[j] = stage[(s * KILN_NT + j) * 32 + lane];
+    for (int j = 0; j < KILN_NT; ++j) {
+        const uint4 b = stage[(s * KILN_NT + j) * 32 + lane];
+        qp0[j] = b.x, qp1[j] = b.y, qn0[j] = b.z, qn1[j] = b.w;
+    }
     unsigned xp[KILN_MT][4], xn[KILN_MT][4];
 #pragma unroll
     for (int m = 0; m < KILN_MT; ++m)
 #pragma unroll
         for (int r = 0; r < 4; ++r) xp[m][r] = x[m][r].x, xn[m][r] = x[m][r].y;
-#pragma unroll
-    for (int j = 0; j < KILN_NT; ++j)
-#pragma unroll
-        for (int m = 0; m < KILN_MT; ++m) kiln_bmma(acc[m][j], xp[m], b[j].x, b[j].y);
-#pragma unroll
-    for (int j = 0; j < KILN_NT; ++j)
-#pragma unroll
-        for (int m = 0; m < KILN_MT; ++m) kiln_bmma(acc[m][j], xn[m], b[j].z, b[j].w);
+    kiln_term(acc, xp, qp0, qp1);
+    kiln_term(acc, xn, qn0, qn1);
 #if KILN_HAMMING
+    unsigned xz[KILN_MT][4], qz0[KILN_NT], qz1[KILN_NT];
 #pragma unroll
-    for (int j = 0; j < KILN_NT; ++j) {
-        const unsigned qz0 = ~(b[j].x | b[j].z), qz1 = ~(b[j].y | b[j].w);
+    for (int m = 0; m < KILN_MT; ++m)
 #pragma unroll
-        for (int m = 0; m < KILN_MT; ++m) {
-            const unsigned xz[4] = {~(xp[m][0] | xn[m][0]), ~(xp[m][1] | xn[m][1]), ~(xp[m][2] | xn[m][2]), ~(xp[m][3] | xn[m][3])};
-            kiln_bmma(acc[m][j], xz, qz0, qz1);
-        }
-    }
+        for (int r = 0; r < 4; ++r) xz[m][r] = ~(xp[m][r] | xn[m][r]);
+#pragma unroll
+    for (int j = 0; j < KILN_NT; ++j) qz0[j] = ~(qp0[j] | qn0[j]), qz1[j] = ~(qp1[j] | qn1[j]);
+    kiln_term(acc, xz, qz0, qz1);
 #else
 #pragma unroll
     for (int m = 0; m < KILN_MT; ++m)
 #pragma unroll
         for (int r = 0; r < 4; ++r) xp[m][r] = ~xp[m][r], xn[m][r] = ~xn[m][r];
-#pragma unroll
-    for (int j = 0; j < KILN_NT; ++j)
-#pragma unroll
-        for (int m = 0; m < KILN_MT; ++m) kiln_bmma(acc[m][j], xn[m], b[j].x, b[j].y);
-#pragma unroll
-    for (int j = 0; j < KILN_NT; ++j)
-#pragma unroll
-        for (int m = 0; m < KILN_MT; ++m) kiln_bmma(acc[m][j], xp[m], b[j].z, b[j].w);
+    kiln_term(acc, xn, qp0, qp1);  // ~xn & qp
+    kiln_term(acc, xp, qn0, qn1);  // ~xp & qn
 #endif
 }
 
