@@ -174,7 +174,7 @@ impl<B: KilnBackend, L: Projection<B>> Generation<'_, B, L> {
     #[cfg(feature = "cuda")]
     fn graph_step(&mut self) -> Option<Vec<i64>> {
         let due = self.produced >= 1 + PLAIN_STEPS && self.config.max_new_tokens - self.produced >= MIN_REPLAYS;
-        if self.graph.is_none() && self.path == StepPath::GraphPending && due {
+        if self.path == StepPath::GraphPending && due {
             self.path = match graph::capture(self.model, &mut self.cache, &self.pads, &self.config.sampling) {
                 None => StepPath::Plain,
                 Some(Ok(step)) => {

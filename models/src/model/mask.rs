@@ -41,7 +41,10 @@ pub struct DecodeInputs<B: Backend> {
 
 impl<B: Backend> DecodeInputs<B> {
     pub fn new(position: usize, pads: &[usize], device: &B::Device) -> Self {
-        let ints = |v: Vec<i64>| Tensor::from_data(TensorData::new(v.clone(), [v.len()]), device);
+        let ints = |v: Vec<i64>| {
+            let n = v.len();
+            Tensor::from_data(TensorData::new(v, [n]), device)
+        };
         Self { position: ints(vec![position as i64]), pads: ints(pads.iter().map(|&p| p as i64).collect()) }
     }
 

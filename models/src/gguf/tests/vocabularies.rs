@@ -184,32 +184,25 @@ fn spm_tokenizer_merges_by_score_and_falls_back_to_bytes() {
     assert_eq!(m, ["▁ t", "h e", "▁t he", "l l", "▁ he", "ll o", "▁he llo"]);
 }
 
+/// A gpt2 vocabulary with empty and repeated token strings, a control token that is empty and odd
+/// merges, which adds BOS and EOS but names no EOS id.
+fn odd_gpt2_vocabulary() -> Writer {
+    Writer::new()
+        .str("tokenizer.ggml.model", "gpt2")
+        .str_array("tokenizer.ggml.tokens", &["", "a", "a", "<s>", "aa", "Ġ"])
+        .i32_array("tokenizer.ggml.token_type", &[3, 1, 3, 3, 4, 1])
+        .str_array("tokenizer.ggml.merges", &["a a"])
+        .u32("tokenizer.ggml.bos_token_id", 3)
+        .bool("tokenizer.ggml.add_bos_token", true)
+        .bool("tokenizer.ggml.add_eos_token", true)
+}
+
 #[test]
 fn tokenizer_survives_odd_vocabularies() {
-    // Empty and repeated token strings, a control token that is empty, odd merges.
-    let f = Writer::new()
-        .str("tokenizer.ggml.model", "gpt2")
-        .str_array("tokenizer.ggml.tokens", &["", "a", "a", "<s>", "aa", "Ġ"])
-        .i32_array("tokenizer.ggml.token_type", &[3, 1, 3, 3, 4, 1])
-        .str_array("tokenizer.ggml.merges", &["a a"])
-        .u32("tokenizer.ggml.bos_token_id", 3)
-        .bool("tokenizer.ggml.add_bos_token", true)
-        .bool("tokenizer.ggml.add_eos_token", true)
-        .parse()
-        .unwrap();
+    let f = odd_gpt2_vocabulary().parse().unwrap();
     let e = f.tokenizer().unwrap_err().to_string();
     assert!(e.contains("tokenizer.ggml.eos_token_id") && e.contains("missing"), "{e}");
-    let f = Writer::new()
-        .str("tokenizer.ggml.model", "gpt2")
-        .str_array("tokenizer.ggml.tokens", &["", "a", "a", "<s>", "aa", "Ġ"])
-        .i32_array("tokenizer.ggml.token_type", &[3, 1, 3, 3, 4, 1])
-        .str_array("tokenizer.ggml.merges", &["a a"])
-        .u32("tokenizer.ggml.bos_token_id", 3)
-        .u32("tokenizer.ggml.eos_token_id", 0)
-        .bool("tokenizer.ggml.add_bos_token", true)
-        .bool("tokenizer.ggml.add_eos_token", true)
-        .parse()
-        .unwrap();
+    let f = odd_gpt2_vocabulary().u32("tokenizer.ggml.eos_token_id", 0).parse().unwrap();
     let tok = f.tokenizer().unwrap();
     let enc = tok.encode("aaa <s>", true).unwrap();
     assert_eq!(enc.get_ids().first(), Some(&3));
