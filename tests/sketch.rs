@@ -10,9 +10,7 @@ use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
 use kiln::ops::sketch::{self, Sketch, SketchBackend};
 use kiln::optim::SketchedAdamWConfig;
 
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    common::random(&[n], seed).convert::<f32>().into_vec().unwrap()
-}
+use common::sketches::values;
 
 #[test]
 fn the_permutation_is_a_bijection() {

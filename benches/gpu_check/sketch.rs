@@ -107,12 +107,11 @@ pub fn bench(device: &CudaDevice) {
     for r in [4, 16] {
         let s = Sketch::new(N, r, 3).unwrap();
         let w = Tensor::<B, 1>::random([N], Distribution::Normal(0.0, 0.02), device);
-        let moments = || [(); 2].map(|_| Tensor::<B, 1>::random([s.compressed()], Distribution::Uniform(0.0, 1.0), device));
+        let moments = [(); 2].map(|_| Tensor::<B, 1>::random([s.compressed()], Distribution::Uniform(0.0, 1.0), device));
         let scalars = sketch::AdamWScalars::new(0.9, 0.999, 1e-8, 0.01, 1e-3, 10, r);
-        let (m, v) = (moments(), moments());
-        let fused = super::time_adaptive(device, 0.3, 100, || sketch::adamw_step(w.clone(), g.clone(), m.clone(), &s, scalars).0);
+        let fused = super::time_adaptive(device, 0.3, 100, || sketch::adamw_step(w.clone(), g.clone(), moments.clone(), &s, scalars).0);
         let composed = super::time_adaptive(device, 0.3, 100, || {
-            let [w, ..] = sketch::reference::adamw_step::<B>(w.clone().into_primitive().tensor(), g.clone().into_primitive().tensor(), v.clone().map(|t| t.into_primitive().tensor()), s, scalars);
+            let [w, ..] = sketch::reference::adamw_step::<B>(w.clone().into_primitive().tensor(), g.clone().into_primitive().tensor(), moments.clone().map(|t| t.into_primitive().tensor()), s, scalars);
             Tensor::<B, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(w))
         });
         println!(

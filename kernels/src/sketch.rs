@@ -97,6 +97,12 @@ fn signed(x: f32, j: u32, perm: &Permutation) -> f32 {
     select(negative(j, perm), -x, x)
 }
 
+/// The bucket column `j` falls in: its position under π, divided by the ratio.
+#[cube]
+fn bucket(j: u32, perm: &Permutation) -> usize {
+    (permute(j, perm, false) / perm.ratio) as usize
+}
+
 /// One unit per bucket: the signed sum of its inputs in position order (or the plain sum of
 /// their squares for `squares`), in f32.
 #[cube(launch_unchecked)]
@@ -127,7 +133,7 @@ fn decompress_kernel<F: Float>(c: &Array<f32>, out: &mut Array<F>, perm: Permuta
     if j >= perm.n {
         terminate!();
     }
-    let v = c[(permute(j, &perm, false) / perm.ratio) as usize];
+    let v = c[bucket(j, &perm)];
     let mut value = v;
     if comptime!(signs) {
         value = signed(v, j, &perm);
@@ -238,7 +244,7 @@ fn update_kernel<F: Float>(w: &Array<F>, m: &Array<f32>, v: &Array<f32>, out: &m
     if j >= perm.n {
         terminate!();
     }
-    let b = (permute(j, &perm, false) / perm.ratio) as usize;
+    let b = bucket(j, &perm);
     let m_hat = signed(m[b] / s.bias_1, j, &perm);
     let v_hat = v[b] / s.v_scale;
     let delta = m_hat / (v_hat.sqrt() + s.epsilon);
@@ -253,7 +259,8 @@ pub struct AdamWArgs<R: Runtime> {
     pub moments: [ArrayArg<R>; 2],
     pub param_out: ArrayArg<R>,
     pub moments_out: [ArrayArg<R>; 2],
-    /// The new moments again, bound for the update.
+    /// The new moments again, bound for the update (a launch consumes its `ArrayArg`s, which do
+    /// not clone).
     pub moments_read: [ArrayArg<R>; 2],
 }
 

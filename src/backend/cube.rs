@@ -96,6 +96,17 @@ pub(crate) mod cuda {
         (&t.client as &dyn std::any::Any).downcast_ref::<ComputeClient<CudaRuntime>>()
     }
 
+    /// The tensor's buffer as a raw binding, for kernels launched outside CubeCL's launch macros
+    /// (CUDA C++ through `kiln_kernels::cuda_source`).
+    pub(crate) fn binding<R: CubeRuntime>(t: &CubeTensor<R>) -> cubecl::server::Binding {
+        t.handle.clone().binding()
+    }
+
+    /// Whether `t` lives on a CUDA device of compute capability `minimum` or up.
+    pub(crate) fn capable<R: CubeRuntime>(t: &CubeTensor<R>, minimum: (i32, i32)) -> bool {
+        device_index(t).and_then(compute_capability).is_some_and(|cc| cc >= minimum)
+    }
+
     /// Compute capability `(major, minor)` of CUDA device `index` (queried once per device; CubeCL
     /// initialized the driver when it created the device's client).
     pub(crate) fn compute_capability(index: usize) -> Option<(i32, i32)> {

@@ -6,7 +6,8 @@ use kiln::ops::sketch::{self, Sketch, SketchBackend};
 
 use super::{poison, random, unit_roundoff};
 
-fn values(n: usize, seed: u64) -> Vec<f32> {
+/// `n` f32 values of N(0, 1), from `seed`.
+pub fn values(n: usize, seed: u64) -> Vec<f32> {
     random(&[n], seed).convert::<f32>().into_vec().unwrap()
 }
 

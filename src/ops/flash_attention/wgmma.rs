@@ -14,7 +14,8 @@ use kiln_kernels::flash_attention::wgmma::{BackwardArgs, ForwardArgs, RowStrides
 
 use super::AttentionOptions;
 use super::cube::{copyable, rows_copyable};
-use crate::backend::cube::{cuda, dense, empty_like_device};
+use crate::backend::cube::cuda::{self, binding};
+use crate::backend::cube::{dense, empty_like_device};
 
 fn disabled() -> bool {
     static DISABLED: OnceLock<bool> = OnceLock::new();
@@ -26,10 +27,6 @@ fn row_strides<R: CubeRuntime>(t: &CubeTensor<R>) -> Option<RowStrides> {
     let s = t.meta.strides();
     let narrow = |i: usize| u32::try_from(s[i]).ok();
     Some(RowStrides { batch: narrow(0)?, head: narrow(1)?, row: narrow(2)? })
-}
-
-fn binding<R: CubeRuntime>(t: &CubeTensor<R>) -> cubecl::server::Binding {
-    t.handle.clone().binding()
 }
 
 /// The kernel variant for this problem, and the CUDA client to launch it on, if the Hopper

@@ -227,11 +227,7 @@ mod dp4a {
     use kiln_kernels::ternary::dp4a::{FloatKind, FusedArgs, GemvArgs, launch_gemv, launch_gemv_fused};
 
     use super::Weight;
-    use crate::backend::cube::cuda;
-
-    fn binding<R: CubeRuntime>(t: &CubeTensor<R>) -> cubecl::server::Binding {
-        t.handle.clone().binding()
-    }
+    use crate::backend::cube::cuda::{self, binding};
 
     /// The CUDA client and the kernels' element kind for `out`, if `x` lives on a CUDA device
     /// with `dp4a` (compute capability 6.1 and up) and `out` is f32, f16 or bf16.
@@ -243,7 +239,7 @@ mod dp4a {
             DType::BF16 => FloatKind::Bf16,
             _ => return None,
         };
-        cuda::device_index(x).and_then(cuda::compute_capability).is_some_and(|cc| cc >= (6, 1)).then_some((client, kind))
+        cuda::capable(x, (6, 1)).then_some((client, kind))
     }
 
     /// The fused GEMV (float activations quantized in the kernel), if [`target`] allows and

@@ -166,11 +166,8 @@ mod mma {
     use kiln_kernels::trit::scores_mma::{MmaScoreArgs, launch_scores_mma, prepared_words, takes};
 
     use super::rows_width;
-    use crate::backend::cube::{cuda, empty_like_device};
-
-    fn binding<R: CubeRuntime>(t: &CubeTensor<R>) -> cubecl::server::Binding {
-        t.handle.clone().binding()
-    }
+    use crate::backend::cube::cuda::{self, binding};
+    use crate::backend::cube::empty_like_device;
 
     /// Enqueues `scores` (all pairs) on the tensor cores if the words live on a CUDA device of
     /// compute capability 8.0 or up (1-bit `mma`) and the kernel takes the sizes; `false`
@@ -179,7 +176,7 @@ mod mma {
         let Some(client) = cuda::client(memory) else { return false };
         let ((query_rows, width), memory_rows) = (rows_width(queries), memory.shape()[0]);
         let pairs = width / 2;
-        let capable = cuda::device_index(memory).and_then(cuda::compute_capability).is_some_and(|cc| cc >= (8, 0));
+        let capable = cuda::capable(memory, (8, 0));
         if !capable || !takes(query_rows, memory_rows, pairs) {
             return false;
         }
