@@ -109,6 +109,37 @@ fn matmul_of_any_rank_on_ndarray() {
     any_rank_matches_burn::<Autodiff<NdArray>>(&Default::default());
 }
 
+/// Operands that several consumers read, whose gradient shares the backward adds in the products'
+/// epilogues: one input projected three ways (q/k/v) beside an elementwise use of it, a square
+/// matrix multiplied by itself (lhs and rhs one node), and a batch-shared left operand (its summed
+/// gradient) also used elementwise. Every gradient equals Burn's matmul's.
+fn shared_operands_match_burn<B: KilnAutodiffBackend>(device: &B::Device) {
+    let leaf = |shape: &[usize], seed| tensor::<B, 3>(&random(shape, seed), DType::F32, device).require_grad();
+    let (x, square, shared) = (leaf(&[2, 9, 12], 1), leaf(&[1, 6, 6], 2), leaf(&[1, 5, 12], 3));
+    let ws: Vec<_> = (0..3).map(|i| leaf(&[1, 12, 7], 10 + i)).collect();
+    let loss = |ours: bool| {
+        let mm = |a: Tensor<B, 3>, b: Tensor<B, 3>| if ours { kiln::ops::matmul(a, b) } else { a.matmul(b) };
+        let mut total = (x.clone() * x.clone()).sum() + (shared.clone() * 0.5).sum();
+        for w in &ws {
+            let y = mm(x.clone(), w.clone());
+            total = total + (y.clone() * y).sum();
+        }
+        let (sq, sh) = (mm(square.clone(), square.clone()), mm(shared.clone(), x.clone().swap_dims(1, 2)));
+        total + (sq.clone() * sq).sum() + (sh.clone() * sh).sum()
+    };
+    let (g, g_ref) = (loss(true).backward(), loss(false).backward());
+    for (name, t) in [("x", &x), ("square", &square), ("shared", &shared), ("w0", &ws[0]), ("w2", &ws[2])] {
+        let (got, want) = (t.grad(&g).unwrap().into_data(), t.grad(&g_ref).unwrap().into_data());
+        got.assert_approx_eq::<f32>(&want, burn::tensor::Tolerance::rel_abs(1e-4, 1e-4));
+        assert!(want.iter::<f32>().any(|v| v.abs() > 1e-3), "{name}'s gradient is not trivially small");
+    }
+}
+
+#[test]
+fn shared_operands_accumulate_every_share_on_ndarray() {
+    shared_operands_match_burn::<Autodiff<NdArray>>(&Default::default());
+}
+
 #[test]
 fn matmul_rejects_mismatched_inner_dims() {
     let device = Default::default();

@@ -88,3 +88,35 @@ fn parts(linear: &Linear<Ad>, x: &Tensor<Ad, 2>, dy: &Tensor<Ad, 2>, device: &Cu
         ms(op)
     );
 }
+
+/// The rescaling op's cost split at 4096 × 4096 bf16, for `cuda_trace.so`: the forward alone
+/// (inner backend), the loss ops alone (`(u · dy).sum()` and its backward), and the op's forward
+/// and backward under autodiff; `rounds` calls of the last, so the trace's launch and allocation
+/// counts per call can be read off.
+pub fn op_split(device: &CudaDevice, rounds: usize) {
+    let u = bf16([TOKENS, 4096], 1.0, device).require_grad();
+    let dy = bf16([TOKENS, 4096], 1.0, device);
+    let m = Tensor::<Ad, 1>::random([4096], Distribution::Uniform(0.5, 1.5), device).cast(DType::BF16).require_grad();
+    let n = Tensor::<Ad, 1>::random([4096], Distribution::Uniform(0.5, 1.5), device);
+    let (ui, mi, ni) = (u.clone().inner(), m.clone().inner(), n.clone().inner());
+    let forward = super::time_adaptive(device, 0.3, 100, || kiln::ops::dora(ui.clone(), mi.clone(), ni.clone(), None));
+    let loss = super::time_adaptive(device, 0.3, 100, || (u.clone() * dy.clone()).sum().backward());
+    let step = || {
+        let grads = (kiln::ops::dora(u.clone(), m.clone(), n.clone(), None) * dy.clone()).sum().backward();
+        (u.grad(&grads).unwrap(), m.grad(&grads).unwrap())
+    };
+    let op = super::time_adaptive(device, 0.3, 100, step);
+    let start = std::time::Instant::now();
+    for _ in 0..rounds {
+        drop(step());
+        super::sync_all(device);
+    }
+    let synced = start.elapsed().as_secs_f64() / rounds as f64;
+    println!(
+        "bench dora op split t{TOKENS} n4096: forward alone {:.3} ms; loss ops alone (fwd+bwd) {:.3} ms; op + loss fwd+bwd {:.3} ms; synced each call {:.3} ms over {rounds}",
+        forward * 1e3,
+        loss * 1e3,
+        op * 1e3,
+        synced * 1e3
+    );
+}

@@ -82,3 +82,28 @@ pub fn bench_steps(device: &CudaDevice) {
         );
     }
 }
+
+/// `rounds` LoRA steps at 4096 → 4096 (4096 tokens, rank 16, bf16), each synchronized, after the
+/// base alone as many times: for a profiler or `cuda_trace.so` to split a step's time by kernel.
+pub fn step_trace(device: &CudaDevice, rounds: usize) {
+    let (x, dy) = (bf16([TOKENS, 4096], 1.0, device).require_grad(), bf16([TOKENS, 4096], 1.0, device));
+    let linear = Linear { weight: Param::from_tensor(bf16([4096, 4096], 0.02, device)), bias: None };
+    let base = LoraLinear::frozen(linear.clone());
+    let lora = LoraLinear::frozen(linear).with_adapter(adapter(4096, 4096, 0.0, device));
+    for (name, layer) in [("base", &base), ("lora", &lora)] {
+        let run = || {
+            let grads = (layer.forward(x.clone()) * dy.clone()).sum().backward();
+            x.grad(&grads).unwrap()
+        };
+        for _ in 0..3 {
+            drop(run());
+        }
+        super::sync_all(device);
+        let start = std::time::Instant::now();
+        for _ in 0..rounds {
+            drop(run());
+            super::sync_all(device);
+        }
+        println!("bench lora trace {name} t{TOKENS} 4096 -> 4096: {:.3} ms a synchronized step over {rounds}", start.elapsed().as_secs_f64() * 1e3 / rounds as f64);
+    }
+}

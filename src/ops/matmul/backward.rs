@@ -4,6 +4,11 @@
 //! `d residual = G`. A shared (batch-1) operand's gradient is summed over the batch. The gradient
 //! products read the saved operands and `G` through rank-3 views and return each operand's own
 //! shape, so under fusion the backward records no reshape operations around them either.
+//!
+//! An operand whose gradient another consumer has already registered (the input of a LoRA layer,
+//! of q/k/v or gate/up projections) gets its share added in the product's epilogue (cuBLASLt's
+//! `C`) instead of by `Gradients::register`'s separate add: one pass over the gradient instead of
+//! three.
 
 use burn::backend::autodiff::{
     Autodiff,
@@ -11,7 +16,7 @@ use burn::backend::autodiff::{
     grads::Gradients,
     ops::{Backward, Ops, OpsKind},
 };
-use burn::tensor::{Shape, TensorMetadata, ops::FloatTensor};
+use burn::tensor::{DType, Shape, TensorMetadata, backend::AutodiffBackend, ops::FloatTensor};
 
 use super::{GemmLayout, GemmViews, MatmulBackend};
 
@@ -27,10 +32,11 @@ struct Saved<B: MatmulBackend> {
     bias: bool,
 }
 
-/// One operand's gradient `scale · op(a) · op(b)` (views `a_view`, `b_view` of the tensors given), in the
-/// operand's own `shape`: the views and the reshape back happen inside the backend op, as in the
-/// forward. An operand shared by every batch (view batch 1 against a larger product batch) gets
-/// the `[batch, r, c]` product summed over the batch.
+/// One operand's gradient `scale · op(a) · op(b) + prior` (views `a_view`, `b_view` of the tensors
+/// given), in the operand's own `shape`: the views and the reshape back happen inside the backend
+/// op, as in the forward, and `prior` (a gradient registered earlier) is the product's residual.
+/// An operand shared by every batch (view batch 1 against a larger product batch) gets the
+/// `[batch, r, c]` product summed over the batch.
 #[allow(clippy::too_many_arguments)]
 fn operand_grad<B: MatmulBackend>(
     a: FloatTensor<B>,
@@ -41,36 +47,64 @@ fn operand_grad<B: MatmulBackend>(
     scale: f32,
     operand_view: &Shape,
     shape: Shape,
+    prior: Option<FloatTensor<B>>,
 ) -> FloatTensor<B> {
     let product = GemmViews::rank3(a_view.clone(), b_view.clone(), layout).out;
     let views = |out| GemmViews::new(a_view.clone(), b_view.clone(), out, layout).scaled(scale);
     if operand_view[0] == 1 && product[0] != 1 {
-        let summed = B::float_sum_dim(B::gemm(a, b, None, None, views(product)), 0);
-        B::float_reshape(summed, shape)
+        let summed = B::float_reshape(B::float_sum_dim(B::gemm(a, b, None, None, views(product)), 0), shape);
+        match prior {
+            Some(prior) => B::float_add(summed, prior),
+            None => summed,
+        }
     } else {
-        B::gemm(a, b, None, None, views(shape))
+        B::gemm(a, b, None, prior, views(shape))
     }
 }
 
-/// `(d lhs, d rhs)` for `out = op(lhs) · op(rhs)`, with `g` the output gradient (shape
-/// `views.out`, viewed as the `[batch, m, n]` product), in the operands' own shapes.
-fn operand_grads<B: MatmulBackend>(s: &Saved<B>, g: FloatTensor<B>) -> (FloatTensor<B>, FloatTensor<B>) {
-    let v = &s.views;
+/// `d lhs` for `out = op(lhs) · op(rhs)`, with `g` the output gradient (shape `views.out`, viewed
+/// as the `[batch, m, n]` product), in the operand's own shape, plus `prior`.
+fn lhs_grad<B: MatmulBackend>(s: &Saved<B>, g: FloatTensor<B>, prior: Option<FloatTensor<B>>) -> FloatTensor<B> {
+    let (v, rhs) = (&s.views, s.rhs.clone());
     let (tl, tr) = (v.layout.transpose_lhs, v.layout.transpose_rhs);
-    let g_view = v.product();
-    let (lhs, rhs) = (s.lhs.clone(), s.rhs.clone());
-    let (lhs_shape, rhs_shape) = (lhs.shape(), rhs.shape());
-    let d_lhs = if tl {
-        operand_grad::<B>(rhs.clone(), &v.rhs, g.clone(), &g_view, GemmLayout::new(tr, true), v.scale, &v.lhs, lhs_shape)
+    let shape = s.lhs.shape();
+    if tl {
+        operand_grad::<B>(rhs, &v.rhs, g, &v.product(), GemmLayout::new(tr, true), v.scale, &v.lhs, shape, prior)
     } else {
-        operand_grad::<B>(g.clone(), &g_view, rhs, &v.rhs, GemmLayout::new(false, !tr), v.scale, &v.lhs, lhs_shape)
-    };
-    let d_rhs = if tr {
-        operand_grad::<B>(g, &g_view, lhs, &v.lhs, GemmLayout::new(true, tl), v.scale, &v.rhs, rhs_shape)
+        operand_grad::<B>(g, &v.product(), rhs, &v.rhs, GemmLayout::new(false, !tr), v.scale, &v.lhs, shape, prior)
+    }
+}
+
+/// `d rhs`, as [`lhs_grad`].
+fn rhs_grad<B: MatmulBackend>(s: &Saved<B>, g: FloatTensor<B>, prior: Option<FloatTensor<B>>) -> FloatTensor<B> {
+    let (v, lhs) = (&s.views, s.lhs.clone());
+    let (tl, tr) = (v.layout.transpose_lhs, v.layout.transpose_rhs);
+    let shape = s.rhs.shape();
+    if tr {
+        operand_grad::<B>(g, &v.product(), lhs, &v.lhs, GemmLayout::new(true, tl), v.scale, &v.rhs, shape, prior)
     } else {
-        operand_grad::<B>(lhs, &v.lhs, g, &g_view, GemmLayout::new(!tl, false), v.scale, &v.rhs, rhs_shape)
-    };
-    (d_lhs, d_rhs)
+        operand_grad::<B>(lhs, &v.lhs, g, &v.product(), GemmLayout::new(!tl, false), v.scale, &v.rhs, shape, prior)
+    }
+}
+
+/// The gradient `grads` already holds for `probe`'s node, taken out so that the next product adds
+/// it in its epilogue; `None`, and nothing taken, unless it has `shape` and `dtype`.
+///
+/// burn-autodiff offers no test for a registered gradient short of `Gradients::remove`, which
+/// takes a tensor, and names no node type outside itself: `probe` is a throwaway tensor given the
+/// node. `KILN_GEMM_GRAD_PRIOR=0` leaves every prior to `register`, for measuring the difference.
+fn take_prior<B: MatmulBackend>(grads: &mut Gradients, probe: &FloatTensor<Autodiff<B>>, shape: &Shape, dtype: DType) -> Option<FloatTensor<B>> {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *OFF.get_or_init(|| std::env::var("KILN_GEMM_GRAD_PRIOR").is_ok_and(|v| v == "0")) {
+        return None;
+    }
+    let prior = grads.remove::<B>(probe)?;
+    if prior.shape() == *shape && prior.dtype() == dtype {
+        Some(prior)
+    } else {
+        grads.register::<B>(probe.node.id, prior);
+        None
+    }
 }
 
 impl<B: MatmulBackend, const N: usize> Backward<B, N> for GemmGrad<N> {
@@ -91,14 +125,22 @@ impl<B: MatmulBackend, const N: usize> Backward<B, N> for GemmGrad<N> {
         if let Some(node) = residual_node {
             grads.register::<B>(node.id, g.clone());
         }
-        if lhs_node.is_some() || rhs_node.is_some() {
-            let (d_lhs, d_rhs) = operand_grads::<B>(&s, g);
-            if let Some(node) = lhs_node {
-                grads.register::<B>(node.id, d_lhs);
-            }
-            if let Some(node) = rhs_node {
-                grads.register::<B>(node.id, d_rhs);
-            }
+        // Each operand's gradient is computed, and registered, with whatever its node already
+        // holds (an operand that is both lhs and rhs takes the first's share into the second).
+        let probe = |node, like: &FloatTensor<B>| {
+            let mut probe = <Autodiff<B> as AutodiffBackend>::from_inner(like.clone());
+            probe.node = node;
+            probe
+        };
+        if let Some(node) = lhs_node {
+            let probe = probe(node, &s.lhs);
+            let prior = take_prior::<B>(grads, &probe, &s.lhs.shape(), s.lhs.dtype());
+            grads.register::<B>(probe.node.id, lhs_grad(&s, g.clone(), prior));
+        }
+        if let Some(node) = rhs_node {
+            let probe = probe(node, &s.rhs);
+            let prior = take_prior::<B>(grads, &probe, &s.rhs.shape(), s.rhs.dtype());
+            grads.register::<B>(probe.node.id, rhs_grad(&s, g, prior));
         }
     }
 }
