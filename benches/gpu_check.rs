@@ -590,9 +590,6 @@ fn main() {
     if mode == "dora-bench" || mode == "bench" || mode == "all" {
         dora::bench_steps(&device);
     }
-    if mode == "dora-op" {
-        dora::op_split(&device, std::env::args().nth(2).and_then(|a| a.parse().ok()).unwrap_or(200));
-    }
     if mode == "lora-trace" {
         lora::step_trace(&device, std::env::args().nth(2).and_then(|a| a.parse().ok()).unwrap_or(100));
     }
