@@ -39,14 +39,23 @@ pub(super) fn adapter(d_in: usize, d_out: usize, dropout: f64, device: &CudaDevi
     LoraAdapter::new(bf16([RANK, d_in], 0.02, device), bf16([d_out, RANK], 0.02, device), &config)
 }
 
-/// Seconds per training step of `layer` on `x`: forward, backward from `dy`, gradients of `x` and
-/// of every trainable parameter read.
+/// One training step of `layer` on `x`: forward, backward from `dy` through `(y · dy).sum()`;
+/// returns `x`'s gradient.
+fn train_step<L: LinearLayer<Ad>>(layer: &L, x: &Tensor<Ad, 2>, dy: &Tensor<Ad, 2>) -> Tensor<B, 2> {
+    let grads = (layer.forward(x.clone()) * dy.clone()).sum().backward();
+    x.grad(&grads).unwrap()
+}
+
+/// The loss ops alone, as a step wraps them: `(y · dy).sum()` and its backward to `y` (which
+/// requires a gradient); returns `y`'s gradient.
+pub(super) fn loss_step(y: &Tensor<Ad, 2>, dy: &Tensor<Ad, 2>) -> Tensor<B, 2> {
+    let grads = (y.clone() * dy.clone()).sum().backward();
+    y.grad(&grads).unwrap()
+}
+
+/// Seconds per [`train_step`] of `layer` on `x`.
 pub(super) fn step<L: LinearLayer<Ad>>(layer: &L, x: &Tensor<Ad, 2>, dy: &Tensor<Ad, 2>, device: &CudaDevice) -> f64 {
-    super::time_adaptive(device, 0.3, 100, || {
-        let y = layer.forward(x.clone());
-        let grads = (y * dy.clone()).sum().backward();
-        x.grad(&grads).unwrap()
-    })
+    super::time_adaptive(device, 0.3, 100, || train_step(layer, x, dy))
 }
 
 /// A LoRA layer's step (bf16 base `Linear`, rank 16, with and without dropout 0.1) and a QLoRA
@@ -58,11 +67,8 @@ pub fn bench_steps(device: &CudaDevice) {
         let weight = bf16([d_in, d_out], 0.02, device);
         let linear = Linear { weight: Param::from_tensor(weight), bias: None };
         let nf4 = Nf4Linear::from_linear(&linear, QuantType::Nf4, 64, true);
-        let loss_only = super::time_adaptive(device, 0.3, 100, || {
-            let y = dy.clone().require_grad();
-            let grads = (y.clone() * dy.clone()).sum().backward();
-            y.grad(&grads).unwrap()
-        });
+        let y = dy.clone().require_grad();
+        let loss_only = super::time_adaptive(device, 0.3, 100, || loss_step(&y, &dy));
         let base = step(&LoraLinear::frozen(linear.clone()), &x, &dy, device);
         let lora = step(&LoraLinear::frozen(linear.clone()).with_adapter(adapter(d_in, d_out, 0.0, device)), &x, &dy, device);
         let lora_dropout = step(&LoraLinear::frozen(linear.clone()).with_adapter(adapter(d_in, d_out, 0.1, device)), &x, &dy, device);
@@ -91,17 +97,13 @@ pub fn step_trace(device: &CudaDevice, rounds: usize) {
     let base = LoraLinear::frozen(linear.clone());
     let lora = LoraLinear::frozen(linear).with_adapter(adapter(4096, 4096, 0.0, device));
     for (name, layer) in [("base", &base), ("lora", &lora)] {
-        let run = || {
-            let grads = (layer.forward(x.clone()) * dy.clone()).sum().backward();
-            x.grad(&grads).unwrap()
-        };
         for _ in 0..3 {
-            drop(run());
+            drop(train_step(layer, &x, &dy));
         }
         super::sync_all(device);
         let start = std::time::Instant::now();
         for _ in 0..rounds {
-            drop(run());
+            drop(train_step(layer, &x, &dy));
             super::sync_all(device);
         }
         println!("bench lora trace {name} t{TOKENS} 4096 -> 4096: {:.3} ms a synchronized step over {rounds}", start.elapsed().as_secs_f64() * 1e3 / rounds as f64);
