@@ -1,5 +1,5 @@
 //! DoRA: the rescaling op (forward, `du`, `dm`) against its formula; the factored weight norm
-//! against the dense one; DoRA layers (float and 4-bit bases, rsLoRA, bias, dropout) against
+//! against the dense one, and its kernels against the factored formula; DoRA layers (float and 4-bit bases, rsLoRA, bias, dropout) against
 //! PEFT's dense formula with every gradient; a fresh DoRA layer equals its base; merge/unmerge;
 //! training touches only `A`, `B` and `m`.
 
@@ -9,7 +9,7 @@ use burn::backend::{Autodiff, NdArray};
 use burn::module::{AutodiffModule, Param};
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::{DType, Tensor, backend::Backend};
-use common::adapters::{DoraCase, DoraLayerCase};
+use common::adapters::{DoraCase, DoraLayerCase, DoraNormCase};
 use common::checks::assert_cases;
 use kiln::nn::{LinearConfig, LinearLayer, LoraConfig, LoraLinear, Nf4Linear};
 use kiln::ops::nf4::QuantType;
@@ -19,6 +19,13 @@ fn op_cases() -> Vec<DoraCase> {
     let case = |batch, m, d_out, bias, seed| DoraCase { batch, m, d_out, bias, seed };
     // Widths that take 4-, 2- and 1-element vectors; row counts past one lane pass.
     vec![case(1, 1, 8, false, 1), case(2, 37, 70, true, 2), case(3, 100, 33, false, 3), case(1, 513, 256, true, 4)]
+}
+
+fn norm_cases() -> Vec<DoraNormCase> {
+    let case = |d_in, d_out, rank, seed| DoraNormCase { d_in, d_out, rank, scale: 1.7, seed };
+    // Rank 1, a rank past one plane, a rank above `in`; `in` that takes 1-, 2- and 4-element
+    // vectors and loops over a row (1000); outputs past one cube.
+    vec![case(16, 8, 1, 1), case(70, 45, 6, 2), case(1000, 33, 17, 3), case(40, 300, 64, 4), case(33, 10, 100, 5)]
 }
 
 fn layer_cases() -> Vec<DoraLayerCase> {
@@ -40,6 +47,17 @@ fn dora_matches_reference_on_wgpu() {
 #[test]
 fn dora_runs_through_autodiff_ndarray() {
     assert_cases::<Autodiff<NdArray>, _>(&op_cases(), &Default::default(), &[DType::F32]);
+}
+
+#[test]
+fn dora_norm_matches_reference_on_wgpu() {
+    let Some(device) = common::wgpu_device() else { return };
+    assert_cases::<Autodiff<burn::backend::Wgpu>, _>(&norm_cases(), &device, &[DType::F32, DType::F16]);
+}
+
+#[test]
+fn dora_norm_runs_through_autodiff_ndarray() {
+    assert_cases::<Autodiff<NdArray>, _>(&norm_cases(), &Default::default(), &[DType::F32]);
 }
 
 /// On lavapipe each product shape is autotuned (minutes a layer): wgpu checks the layer with a

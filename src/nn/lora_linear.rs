@@ -8,7 +8,8 @@ use burn::module::{Initializer, Module, Param};
 use burn::tensor::{DType, FloatDType, Tensor, backend::Backend};
 
 use crate::nn::{Linear, LinearLayer};
-use crate::ops::dora::{dora, dora_norm};
+use crate::ops::dora::{self, dora, dora_norm};
+use crate::ops::{prim, wrap};
 use crate::ops::lora::{DropoutMask, LoraBackend, LoraSpec, lora, lora_dropout};
 
 /// Configuration of a LoRA adapter; PEFT's `LoraConfig` fields and defaults.
@@ -183,7 +184,10 @@ impl<B: Backend, L: LinearLayer<B>> LoraLinear<B, L> {
         let adapter = match adapter.magnitude {
             Some(_) => adapter,
             None => {
-                let norm = Self::dora_weight_norm(&self.base, norms_sq.clone(), &adapter);
+                // Through the reference: this serves any backend, and it runs once per adapter.
+                let (a, a_w) = Self::dora_factors(&self.base, &adapter);
+                let b = adapter.lora_b.val().detach();
+                let norm: Tensor<B, 1> = wrap(dora::reference::norm::<B>(prim(norms_sq.clone()), prim(a_w), prim(a), prim(b), adapter.scale()));
                 let dtype = adapter.lora_a.val().dtype();
                 adapter.with_magnitude(norm.cast(FloatDType::from(dtype)))
             }
@@ -191,15 +195,16 @@ impl<B: Backend, L: LinearLayer<B>> LoraLinear<B, L> {
         Self { adapter: Some(adapter), base_norms_sq: Some(norms_sq), ..self }
     }
 
-    /// `‖W + ΔW‖` per output, detached, in factored form: the base applied to `A`'s rows.
-    fn dora_weight_norm(base: &L, norms_sq: Tensor<B, 1>, adapter: &LoraAdapter<B>) -> Tensor<B, 1> {
+    /// `A` (detached) and `A · Wᵀ`, the base without its bias applied to `A`'s rows: with `‖W‖²`
+    /// and `B`, the inputs of DoRA's factored weight norm.
+    fn dora_factors(base: &L, adapter: &LoraAdapter<B>) -> (Tensor<B, 2>, Tensor<B, 2>) {
         let a = adapter.lora_a.val().detach();
         let a_w = base.forward(a.clone());
         let a_w = match base.bias() {
             Some(bias) => a_w - bias.cast(FloatDType::from(a.dtype())).unsqueeze(),
             None => a_w,
         };
-        dora_norm(norms_sq, a_w, a, adapter.lora_b.val(), adapter.scale())
+        (a, a_w)
     }
 }
 
@@ -209,7 +214,8 @@ impl<B: LoraBackend, L: LinearLayer<B>> LoraLinear<B, L> {
     /// dropped-out `x̃`, which takes a second base product.
     fn dora_forward<const D: usize>(&self, x: Tensor<B, D>, adapter: &LoraAdapter<B>, magnitude: Tensor<B, 1>, dropout: Option<DropoutMask>) -> Tensor<B, D> {
         let norms_sq = self.base_norms_sq.clone().expect("a DoRA adapter is attached with the base's norms");
-        let norm = Self::dora_weight_norm(&self.base, norms_sq, adapter);
+        let (a, a_w) = Self::dora_factors(&self.base, adapter);
+        let norm = dora_norm(norms_sq, a_w, a, adapter.lora_b.val(), adapter.scale());
         let (a, b, bias) = (adapter.lora_a.val(), adapter.lora_b.val(), self.base.bias());
         let spec = LoraSpec { scale: adapter.scale() as f32, dropout: None };
         match dropout {

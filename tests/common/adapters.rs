@@ -7,7 +7,7 @@ use kiln::KilnAutodiffBackend;
 use kiln::nn::{Linear, LoraAdapter, LoraConfig, LoraLinear};
 use kiln::ops::{self, lora::DropoutMask};
 
-use super::checks::{Case, grad, weighted};
+use super::checks::{Case, grad, prim, weighted, wrap};
 use super::{random, tensor, values};
 
 type Outputs = Vec<(&'static str, Vec<f64>)>;
@@ -124,6 +124,48 @@ impl Case for DoraCase {
 
     fn footprint(&self) -> usize {
         self.batch * self.m * self.d_out * 3
+    }
+}
+
+/// DoRA's factored weight norm `‖W + s · B · A‖` per output from `‖W‖²`, `A · W` `[r, out]`, `A`
+/// `[r, in]` and `B` `[out, r]` of a random `W` `[in, out]`; the reference is the factored formula
+/// in plain Burn ops (`factored_norm_equals_the_dense_norm` ties that to the dense norm).
+#[derive(Debug, Clone, Copy)]
+pub struct DoraNormCase {
+    pub d_in: usize,
+    pub d_out: usize,
+    pub rank: usize,
+    pub scale: f64,
+    pub seed: u64,
+}
+
+impl Case for DoraNormCase {
+    fn run<B: KilnAutodiffBackend>(&self, device: &B::Device, dtype: DType, kernel: bool) -> Outputs {
+        // `‖W‖²` and `A · W` on the host (a product on lavapipe autotunes for minutes a shape).
+        let (d_in, d_out, r, s) = (self.d_in, self.d_out, self.rank, self.seed);
+        let host = |shape: [usize; 2], seed| random(&shape, seed).convert::<f64>().to_vec::<f64>().unwrap();
+        let (w, a) = (host([d_in, d_out], s), host([r, d_in], s + 1));
+        let w: Vec<f64> = w.iter().map(|v| v / (d_in as f64).sqrt()).collect();
+        let norms_sq: Vec<f64> = (0..d_out).map(|o| (0..d_in).map(|i| w[i * d_out + o].powi(2)).sum()).collect();
+        let a_w: Vec<f64> = (0..r * d_out).map(|p| (0..d_in).map(|i| a[p / d_out * d_in + i] * w[i * d_out + p % d_out]).sum()).collect();
+        let input = |values: Vec<f64>, shape: [usize; 2], dtype| tensor::<B, 2>(&TensorData::new(values, shape), dtype, device);
+        let norms_sq = input(norms_sq, [1, d_out], DType::F32).squeeze_dim::<1>(0);
+        let (a_w, a) = (input(a_w, [r, d_out], dtype), input(a, [r, d_in], dtype));
+        let b = tensor::<B, 2>(&random(&[d_out, r], s + 2), dtype, device) * 0.5;
+        let norm = if kernel {
+            ops::dora_norm(norms_sq, a_w, a, b, self.scale)
+        } else {
+            wrap(ops::dora::reference::norm::<B>(prim(norms_sq), prim(a_w), prim(a), prim(b), self.scale))
+        };
+        vec![("norm", values(norm))]
+    }
+
+    fn depth(&self) -> f64 {
+        self.d_in.max(self.rank) as f64
+    }
+
+    fn footprint(&self) -> usize {
+        self.rank * (self.d_in + self.rank + 2 * self.d_out) + 2 * self.d_out
     }
 }
 

@@ -46,11 +46,11 @@ pub fn assert_cases<B: KilnAutodiffBackend, C: Case + std::fmt::Debug>(cases: &[
     }
 }
 
-fn prim<B: Backend, const D: usize>(t: Tensor<B, D>) -> burn::tensor::ops::FloatTensor<B> {
+pub fn prim<B: Backend, const D: usize>(t: Tensor<B, D>) -> burn::tensor::ops::FloatTensor<B> {
     t.into_primitive().tensor()
 }
 
-fn wrap<B: Backend, const D: usize>(t: burn::tensor::ops::FloatTensor<B>) -> Tensor<B, D> {
+pub fn wrap<B: Backend, const D: usize>(t: burn::tensor::ops::FloatTensor<B>) -> Tensor<B, D> {
     Tensor::from_primitive(TensorPrimitive::Float(t))
 }
 

@@ -1,6 +1,6 @@
 //! DoRA's rescaling under `Autodiff`: one node with parents `u` and `m` that keeps `u`, `m`, the
 //! norm and the bias, and whose backward is the fused `(du, dm)` pass. The norm and the bias are
-//! constants of the node.
+//! constants of the node, and the norm's own op takes no gradient: it runs on the inner backend.
 
 use burn::backend::autodiff::{
     Autodiff,
@@ -8,7 +8,7 @@ use burn::backend::autodiff::{
     grads::Gradients,
     ops::{Backward, Ops, OpsKind},
 };
-use burn::tensor::ops::FloatTensor;
+use burn::tensor::{backend::AutodiffBackend, ops::FloatTensor};
 
 use super::DoraBackend;
 use crate::error::ensure;
@@ -51,5 +51,10 @@ impl<B: DoraBackend, C: CheckpointStrategy> DoraBackend for Autodiff<B, C> {
             OpsKind::Tracked(prep) => prep.finish(Saved { u: u.primitive, magnitude: magnitude.primitive, norm, bias }, y),
             OpsKind::UnTracked(prep) => prep.finish(y),
         }
+    }
+
+    fn dora_norm(weight_norms_sq: FloatTensor<Self>, a_w: FloatTensor<Self>, a: FloatTensor<Self>, b: FloatTensor<Self>, scale: f64) -> FloatTensor<Self> {
+        let [w_sq, a_w, a, b] = [weight_norms_sq, a_w, a, b].map(Self::inner);
+        Self::from_inner(B::dora_norm(w_sq, a_w, a, b, scale))
     }
 }

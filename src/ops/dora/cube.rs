@@ -1,13 +1,13 @@
-//! DoRA's rescaling on CubeCL backends: shape bookkeeping and allocation around
-//! `kiln_kernels::dora`.
+//! DoRA's rescaling and factored weight norm on CubeCL backends: shape bookkeeping and
+//! allocation around `kiln_kernels::dora`.
 
 use burn::tensor::{DType, FloatDType, TensorMetadata, ops::{FloatTensor, FloatTensorOps}};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement, tensor::CubeTensor};
-use kiln_kernels::dora::{DoraBackwardArgs, DoraBackwardPlan, DoraColumns, launch_backward, launch_forward};
+use kiln_kernels::dora::{DoraBackwardArgs, DoraBackwardPlan, DoraColumns, DoraNormArgs, DoraNormPlan, launch_backward, launch_forward, launch_norm};
 use kiln_kernels::row::vector_size_for;
 
 use super::{DoraBackend, reference};
-use crate::backend::cube::{dense, empty_like_device, storage, sum_partials};
+use crate::backend::cube::{dense, dense_f32, empty_like_device, storage, sum_partials};
 
 /// `(rows, width)` of a `[.., width]` tensor.
 fn rows_width<R: CubeRuntime>(u: &CubeTensor<R>) -> (usize, usize) {
@@ -75,5 +75,31 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> DoraBacken
         };
         launch_backward(&client, storage(&u), plan, rows, width, vector_size, columns, args);
         (du, sum_partials::<R, F, I, BT>(partials, m_dtype))
+    }
+
+    fn dora_norm(weight_norms_sq: FloatTensor<Self>, a_w: FloatTensor<Self>, a: FloatTensor<Self>, b: FloatTensor<Self>, scale: f64) -> FloatTensor<Self> {
+        let ([rank, width], outputs) = ([a.shape()[0], a.shape()[1]], b.shape()[0]);
+        if a.dtype == DType::F64 || rank * width * outputs == 0 {
+            return reference::norm::<Self>(weight_norms_sq, a_w, a, b, scale);
+        }
+        // One storage dtype for the kernels: `A`'s (the others come cast when they differ).
+        let like = |t: CubeTensor<R>| dense(if t.dtype == a.dtype { t } else { Self::float_cast(t, FloatDType::from(a.dtype)) });
+        let (a_w, b, a) = (like(a_w), like(b), dense(a));
+        let weight_norms_sq = dense_f32::<R, F, I, BT>(weight_norms_sq);
+        let client = a.client.clone();
+        let plan = DoraNormPlan::new(&client, rank, width, vector_size_for(&client, width, a.dtype.size(), 16));
+        let gram = empty_like_device(&a, [rank, rank], DType::F32);
+        let norm = empty_like_device(&a, [outputs], DType::F32);
+        let args = DoraNormArgs {
+            weight_norms_sq: weight_norms_sq.into_array_arg(),
+            a_w: a_w.into_array_arg(),
+            a: a.clone().into_array_arg(),
+            b: b.into_array_arg(),
+            gram: gram.clone().into_array_arg(),
+            gram_read: gram.into_array_arg(),
+            norm: norm.clone().into_array_arg(),
+        };
+        launch_norm(&client, storage(&a), plan, rank, width, outputs, scale as f32, args);
+        norm
     }
 }

@@ -1,10 +1,11 @@
 //! DoRA's rescaling as custom operations of Burn's fusion stream: one for the forward, one for the
-//! backward (`du` and `dm` from one pass).
+//! backward (`du` and `dm` from one pass); and one for the factored weight norm.
 
-use burn::tensor::ops::FloatTensor;
+use burn::tensor::{DType, ops::FloatTensor};
 use burn_fusion::{Fusion, FusionBackend};
 
 use super::DoraBackend;
+use crate::ops::compute_dtype;
 use crate::backend::fusion::{FusedOp, register};
 
 /// The inputs in order `u, magnitude, norm, [bias], [dy]`, split back apart.
@@ -40,6 +41,18 @@ impl<B: FusionBackend + DoraBackend> FusedOp<B> for Backward {
     }
 }
 
+#[derive(Clone, Debug)]
+struct Norm {
+    scale: f64,
+}
+
+impl<B: FusionBackend + DoraBackend> FusedOp<B> for Norm {
+    fn run(&self, inputs: Vec<FloatTensor<B>>) -> Vec<FloatTensor<B>> {
+        let [w_sq, a_w, a, b]: [_; 4] = inputs.try_into().unwrap();
+        vec![B::dora_norm(w_sq, a_w, a, b, self.scale)]
+    }
+}
+
 impl<B: FusionBackend + DoraBackend> DoraBackend for Fusion<B> {
     fn dora_forward(u: FloatTensor<Self>, magnitude: FloatTensor<Self>, norm: FloatTensor<Self>, bias: Option<FloatTensor<Self>>) -> FloatTensor<Self> {
         let has_bias = bias.is_some();
@@ -60,5 +73,11 @@ impl<B: FusionBackend + DoraBackend> DoraBackend for Fusion<B> {
         let inputs = [u, magnitude, norm].into_iter().chain(bias).chain([dy]).collect();
         let [du, dm]: [_; 2] = register::<B, _>("kiln_dora_backward", inputs, outputs, Backward { has_bias }).try_into().unwrap();
         (du, dm)
+    }
+
+    fn dora_norm(weight_norms_sq: FloatTensor<Self>, a_w: FloatTensor<Self>, a: FloatTensor<Self>, b: FloatTensor<Self>, scale: f64) -> FloatTensor<Self> {
+        let outputs = vec![(weight_norms_sq.shape.clone(), DType::from(compute_dtype(a.dtype)))];
+        let inputs = vec![weight_norms_sq, a_w, a, b];
+        register::<B, _>("kiln_dora_norm", inputs, outputs, Norm { scale }).remove(0)
     }
 }

@@ -10,16 +10,17 @@
 //! `‖W + ΔW‖²_o = ‖W_o‖² + 2s · Σ_k B_ok (A · W_oᵀ)_k + s² · B_o · (A · Aᵀ) · B_oᵀ`, where
 //! `‖W_o‖²` is a constant of the frozen base and `A · Wᵀ` is the base layer applied to `A`'s `r`
 //! rows, so the step costs one `[r, in] × [in, out]` product instead of PEFT's `[out, in]`
-//! weight, its sum and its norm.
+//! weight, its sum and its norm. On CubeCL backends the rest is two launches (the Gram matrix
+//! `A · Aᵀ`, then the per-row quadratic form) in place of about fifteen small tensor ops.
 
 mod backward;
 mod cube;
 mod fusion;
 pub mod reference;
 
-use burn::tensor::{FloatDType, Shape, Tensor, backend::Backend, ops::FloatTensor};
+use burn::tensor::{Shape, Tensor, backend::Backend, ops::FloatTensor};
 
-use super::{compute_dtype, prim, wrap};
+use super::{prim, wrap};
 use crate::error::{ensure, ensure_float, ensure_same_dtype};
 
 /// Backend support for DoRA's rescaling. The default methods are the reference implementation.
@@ -45,6 +46,12 @@ pub trait DoraBackend: Backend {
         dy: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         reference::backward::<Self>(u, magnitude, norm, bias, dy)
+    }
+
+    /// `‖W + s · B · A‖` per output row, f32 (f64 for f64 `a`), from the inputs of [`dora_norm`]
+    /// (shapes checked, any float dtypes, no gradient).
+    fn dora_norm(weight_norms_sq: FloatTensor<Self>, a_w: FloatTensor<Self>, a: FloatTensor<Self>, b: FloatTensor<Self>, scale: f64) -> FloatTensor<Self> {
+        reference::norm::<Self>(weight_norms_sq, a_w, a, b, scale)
     }
 }
 
@@ -80,19 +87,17 @@ pub fn dora<B: DoraBackend, const D: usize>(u: Tensor<B, D>, magnitude: Tensor<B
 /// - `a` `[r, in]`, `b` `[out, r]`: the adapter; `scale`: its `s`.
 ///
 /// # Panics
-/// If the shapes do not fit as above.
-pub fn dora_norm<B: Backend>(weight_norms_sq: Tensor<B, 1>, a_w: Tensor<B, 2>, a: Tensor<B, 2>, b: Tensor<B, 2>, scale: f64) -> Tensor<B, 1> {
+/// If the shapes do not fit as above or an input is not float.
+pub fn dora_norm<B: DoraBackend>(weight_norms_sq: Tensor<B, 1>, a_w: Tensor<B, 2>, a: Tensor<B, 2>, b: Tensor<B, 2>, scale: f64) -> Tensor<B, 1> {
     let ([r, d_in], [d_out, rb], [ra, d_out_w], [d_out_n]) = (a.dims(), b.dims(), a_w.dims(), weight_norms_sq.dims());
     ensure(rb == r && ra == r && d_out_w == d_out && d_out_n == d_out, "dora_norm", || {
         format!("expected weight_norms_sq [out], a_w [r, out], a [r, in], b [out, r]; got [{d_out_n}], [{ra}, {d_out_w}], [{r}, {d_in}], [{d_out}, {rb}]")
     });
-    let dtype: FloatDType = compute_dtype(a.dtype());
-    let [a, b, a_w, w_sq] = [a.detach(), b.detach(), a_w.detach(), weight_norms_sq.detach().unsqueeze_dim(1)].map(|t| t.cast(dtype));
-    let cross = (b.clone() * a_w.transpose()).sum_dim(1);
-    let gram = a.clone().matmul(a.transpose());
-    let quadratic = (b.clone().matmul(gram) * b).sum_dim(1);
-    let squared = w_sq + cross * (2.0 * scale) + quadratic * (scale * scale);
-    squared.clamp_min(0.0).sqrt().squeeze_dim::<1>(1)
+    for (name, t) in [("weight_norms_sq", weight_norms_sq.dtype()), ("a_w", a_w.dtype()), ("a", a.dtype()), ("b", b.dtype())] {
+        ensure_float("dora_norm", name, t);
+    }
+    let [a_w, a, b] = [a_w, a, b].map(|t| prim(t.detach()));
+    wrap(B::dora_norm(prim(weight_norms_sq.detach()), a_w, a, b, scale))
 }
 
 fn check(u: &Shape, magnitude: &Shape, norm: &Shape, bias: Option<&Shape>) {

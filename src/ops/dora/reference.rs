@@ -1,4 +1,4 @@
-//! DoRA's rescaling from plain Burn tensor ops: the oracle of the tests and the implementation on
+//! DoRA's rescaling and factored weight norm from plain Burn tensor ops: the oracle of the tests and the implementation on
 //! backends without kernels. Arithmetic in f32 (f64 for f64 inputs), like the kernels.
 
 use burn::tensor::{FloatDType, Tensor, TensorMetadata, backend::Backend, ops::FloatTensor};
@@ -58,4 +58,23 @@ pub fn backward<B: Backend>(
     let (c, b, norm) = scale_and_bias::<B>(magnitude, norm, bias, compute_dtype(dtype));
     let dm = ((dy.clone() * (u - b)).sum_dim(0) / norm).flatten::<1>(0, 1);
     (prim_as((dy * c).cast(dtype), shape), prim(dm.cast(m_dtype)))
+}
+
+/// `‖W + s · B · A‖` per output row in factored form (see the module's documentation), in the
+/// compute dtype.
+pub fn norm<B: Backend>(
+    weight_norms_sq: FloatTensor<B>,
+    a_w: FloatTensor<B>,
+    a: FloatTensor<B>,
+    b: FloatTensor<B>,
+    scale: f64,
+) -> FloatTensor<B> {
+    let dtype = compute_dtype(a.dtype());
+    let [a, b, a_w] = [a, b, a_w].map(|t| wrap::<B, 2>(t).cast(dtype));
+    let w_sq = wrap::<B, 1>(weight_norms_sq).cast(dtype).unsqueeze_dim::<2>(1);
+    let cross = (b.clone() * a_w.transpose()).sum_dim(1);
+    let gram = a.clone().matmul(a.transpose());
+    let quadratic = (b.clone().matmul(gram) * b).sum_dim(1);
+    let squared = w_sq + cross * (2.0 * scale) + quadratic * (scale * scale);
+    prim(squared.clamp_min(0.0).sqrt().squeeze_dim::<1>(1))
 }
