@@ -89,6 +89,9 @@ fn parity(device: &CudaDevice, filter: &str) -> bool {
         for case in dora::op_cases() {
             report(format!("dora {case:?} {dtype:?}"), &|| run_check(&case, device, dtype));
         }
+        for case in dora::norm_cases() {
+            report(format!("dora {case:?} {dtype:?}"), &|| run_check(&case, device, dtype));
+        }
         for case in dora::layer_cases() {
             report(format!("dora {case:?} {dtype:?}"), &|| run_check(&case, device, dtype));
         }

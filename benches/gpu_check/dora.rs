@@ -9,12 +9,19 @@ use burn::tensor::{DType, Distribution, Tensor};
 use kiln::nn::{Linear, LinearLayer, LoraLinear, Nf4Linear};
 use kiln::ops::nf4::QuantType;
 
-use super::common::adapters::{DoraCase, DoraLayerCase};
+use super::common::adapters::{DoraCase, DoraLayerCase, DoraNormCase};
 use super::lora::{Ad, RANK, STEPS, TOKENS, adapter, bf16, step};
 
 pub fn op_cases() -> Vec<DoraCase> {
     let case = |batch, m, d_out, bias, seed| DoraCase { batch, m, d_out, bias, seed };
     vec![case(1, 1, 4096, false, 1), case(2, 333, 1001, true, 2), case(1, 4096, 11008, false, 3)]
+}
+
+/// The factored norm at a benched layer's shape (rank 16), rank 64 over 11008 outputs, and a
+/// ragged one.
+pub fn norm_cases() -> Vec<DoraNormCase> {
+    let case = |d_in, d_out, rank, seed| DoraNormCase { d_in, d_out, rank, scale: 2.0, seed };
+    vec![case(4096, 4096, 16, 1), case(2048, 11008, 64, 2), case(1000, 257, 8, 3)]
 }
 
 pub fn layer_cases() -> Vec<DoraLayerCase> {
@@ -72,9 +79,13 @@ fn parts(linear: &Linear<Ad>, x: &Tensor<Ad, 2>, dy: &Tensor<Ad, 2>, device: &Cu
     let dora_fwd = time(&|| drop(dora.forward(x.clone().detach())));
     let adapter = dora.adapter.as_ref().unwrap();
     let norms_sq = dora.base_norms_sq.clone().unwrap();
-    let norm = time(&|| {
-        let a = adapter.lora_a.val().detach();
-        drop(kiln::ops::dora_norm(norms_sq.clone(), linear.forward(a.clone()), a, adapter.lora_b.val(), adapter.scale()))
+    let (a, b) = (adapter.lora_a.val().detach(), adapter.lora_b.val().detach());
+    let norm = time(&|| drop(kiln::ops::dora_norm(norms_sq.clone(), linear.forward(a.clone()), a.clone(), b.clone(), adapter.scale())));
+    // The same factors through the composed Burn ops (the reference), for the kernels' share.
+    let [a_i, b_i, w_sq_i] = [a.clone().inner().into_primitive().tensor(), b.inner().into_primitive().tensor(), norms_sq.clone().inner().into_primitive().tensor()];
+    let composed = time(&|| {
+        let a_w = linear.forward(a.clone()).inner().into_primitive().tensor();
+        drop(kiln::ops::dora::reference::norm::<super::B>(w_sq_i.clone(), a_w, a_i.clone(), b_i.clone(), adapter.scale()))
     });
     let u = bf16([TOKENS, d_out], 1.0, device).require_grad();
     let m = Tensor::<Ad, 1>::random([d_out], Distribution::Uniform(0.5, 1.5), device).cast(DType::BF16).require_grad();
@@ -88,10 +99,11 @@ fn parts(linear: &Linear<Ad>, x: &Tensor<Ad, 2>, dy: &Tensor<Ad, 2>, device: &Cu
     });
     let ms = |t: f64| t * 1e3;
     println!(
-        "bench dora parts t{TOKENS} k{d_in} n{d_out}: forward lora {:.3} ms, dora {:.3} ms; norm alone {:.3} ms; rescale op fwd {:.3} ms, fwd+bwd {:.3} ms net of the loss ops ({:.3} ms)",
+        "bench dora parts t{TOKENS} k{d_in} n{d_out}: forward lora {:.3} ms, dora {:.3} ms; norm alone {:.3} ms (composed Burn ops {:.3} ms); rescale op fwd {:.3} ms, fwd+bwd {:.3} ms net of the loss ops ({:.3} ms)",
         ms(lora_fwd),
         ms(dora_fwd),
         ms(norm),
+        ms(composed),
         ms(op_fwd),
         ms(op - loss),
         ms(loss)

@@ -146,8 +146,15 @@ impl Case for DoraNormCase {
         let host = |shape: [usize; 2], seed| random(&shape, seed).convert::<f64>().to_vec::<f64>().unwrap();
         let (w, a) = (host([d_in, d_out], s), host([r, d_in], s + 1));
         let w: Vec<f64> = w.iter().map(|v| v / (d_in as f64).sqrt()).collect();
-        let norms_sq: Vec<f64> = (0..d_out).map(|o| (0..d_in).map(|i| w[i * d_out + o].powi(2)).sum()).collect();
-        let a_w: Vec<f64> = (0..r * d_out).map(|p| (0..d_in).map(|i| a[p / d_out * d_in + i] * w[i * d_out + p % d_out]).sum()).collect();
+        // Row by row of `W`, so the GPU check's Llama-sized cases stay seconds on the host.
+        let (mut norms_sq, mut a_w) = (vec![0.0; d_out], vec![0.0; r * d_out]);
+        for (i, w_row) in w.chunks(d_out).enumerate() {
+            norms_sq.iter_mut().zip(w_row).for_each(|(n, v)| *n += v * v);
+            for (p, out) in a_w.chunks_mut(d_out).enumerate() {
+                let a_pi = a[p * d_in + i];
+                out.iter_mut().zip(w_row).for_each(|(o, v)| *o += a_pi * v);
+            }
+        }
         let input = |values: Vec<f64>, shape: [usize; 2], dtype| tensor::<B, 2>(&TensorData::new(values, shape), dtype, device);
         let norms_sq = input(norms_sq, [1, d_out], DType::F32).squeeze_dim::<1>(0);
         let (a_w, a) = (input(a_w, [r, d_out], dtype), input(a, [r, d_in], dtype));
