@@ -136,15 +136,12 @@ fn quantize_kernel<F: Float>(
     }
 }
 
-/// Each unit turns one vector of `NW` words (up to 16 bytes, one load) into `8 · NW` values
-/// `code[q] · scale` in the output dtype: one scale serves them all (blocks are multiples of 32
-/// values and vectors start on multiples of `8 · NW`), the code book sits in shared memory, and
-/// the values go out as one vector of eight a word (`whole_words`, `N` = 8) where the length
-/// allows, else one by one (`N` = 1).
+/// One unit per word: eight values `code[q] · scale` in the output dtype, stored as one vector of
+/// eight (`whole_words`, `N` = 8) where the length allows, else one by one (`N` = 1).
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-fn dequantize_kernel<F: Float, N: Size, NW: Size>(
-    words: &Array<Vector<u32, NW>>,
+fn dequantize_kernel<F: Float, N: Size>(
+    words: &Array<u32>,
     code: &Array<f32>,
     absmax: &Array<f32>,
     absmax_codes: &Array<u32>,
@@ -157,39 +154,25 @@ fn dequantize_kernel<F: Float, N: Size, NW: Size>(
     #[comptime] whole_words: bool,
     #[define(F)] _dtype: StorageType,
 ) {
-    let mut lut = SharedMemory::<f32>::new(16usize);
-    let mut entry = UNIT_POS as usize;
-    while entry < 16 {
-        lut[entry] = code[entry];
-        entry += CUBE_DIM as usize;
-    }
-    sync_cube();
-
-    let v = ABSOLUTE_POS;
-    let first_word = v * NW::value();
-    if first_word * 8 >= len {
+    let w = ABSOLUTE_POS;
+    if w * 8 >= len {
         terminate!();
     }
-    let packed = words[v];
-    let scale = block_scale(first_word * 8 / block, absmax, absmax_codes, nested_code, offset, nested);
-    #[unroll]
-    for wi in 0..NW::value() {
-        let word = packed[wi];
-        let w = first_word + wi;
-        if comptime!(whole_words) {
-            let mut values = Vector::<F, N>::empty();
-            #[unroll]
-            for j in 0..8u32 {
-                values[j as usize] = F::cast_from(lut[((word >> nibble_shift(j)) & 15) as usize] * scale);
-            }
-            out[w] = values;
-        } else {
-            #[unroll]
-            for j in 0..8u32 {
-                let i = w * 8 + j as usize;
-                if i < len {
-                    out[i] = Vector::cast_from(F::cast_from(lut[((word >> nibble_shift(j)) & 15) as usize] * scale));
-                }
+    let word = words[w];
+    let scale = block_scale(w * 8 / block, absmax, absmax_codes, nested_code, offset, nested);
+    if comptime!(whole_words) {
+        let mut values = Vector::<F, N>::empty();
+        #[unroll]
+        for j in 0..8u32 {
+            values[j as usize] = F::cast_from(code[((word >> nibble_shift(j)) & 15) as usize] * scale);
+        }
+        out[w] = values;
+    } else {
+        #[unroll]
+        for j in 0..8u32 {
+            let i = w * 8 + j as usize;
+            if i < len {
+                out[i] = Vector::cast_from(F::cast_from(code[((word >> nibble_shift(j)) & 15) as usize] * scale));
             }
         }
     }
@@ -362,23 +345,18 @@ pub fn launch_dequantize<R: Runtime>(
     scales: ScaleArgs<R>,
     out: ArrayArg<R>,
 ) {
-    let word_count = len.div_ceil(8);
-    if word_count == 0 {
+    let units = len.div_ceil(8);
+    if units == 0 {
         return;
     }
-    // Four words (one 16-byte load, 32 values) a unit where the word count allows: a quarter of
-    // the units, each with one scale and whole 16-byte loads; one word a unit took 15 µs for a
-    // 4096² weight on the H100 (ncu; `benches/RESULTS.md`, 29th session).
-    let word_vector = [4, 2, 1].into_iter().find(|v| word_count.is_multiple_of(*v)).unwrap_or(1);
-    let (count, dim) = crate::row::elementwise_geometry(client, word_count / word_vector);
+    let (count, dim) = crate::row::elementwise_geometry(client, units);
     let vector = if len.is_multiple_of(8) { 8 } else { 1 };
     let ScaleArgs { absmax, absmax_codes, nested_code, offset, nested } = scales;
-    // SAFETY: `words` has ⌈len/8⌉ words, a multiple of `word_vector`; `out` has `len` elements,
-    // the scales one per block; units past the last vector exit (after the code book's barrier,
-    // which every unit reaches).
+    // SAFETY: `words` has ⌈len/8⌉ words, `out` `len` elements, the scales one per block; units
+    // past the last word exit.
     unsafe {
         dequantize_kernel::launch_unchecked::<R>(
-            client, count, dim, vector, word_vector, words, code, absmax, absmax_codes, nested_code, offset, out, len, block, nested, vector == 8, dtype,
+            client, count, dim, vector, words, code, absmax, absmax_codes, nested_code, offset, out, len, block, nested, vector == 8, dtype,
         )
     }
 }
