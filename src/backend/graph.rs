@@ -96,8 +96,8 @@ impl Pinned {
 
 impl Drop for Pinned {
     fn drop(&mut self) {
-        // SAFETY: allocated by `cuMemHostAlloc`, freed once; page-locked memory is freed without
-        // a current context of its own.
+        // SAFETY: allocated by `cuMemHostAlloc`, freed once, by its owner (a `CudaGraph`) on
+        // CubeCL's device thread after the graph that reads it is destroyed.
         unsafe { dsys::cuMemFreeHost(self.ptr as *mut std::ffi::c_void) };
     }
 }
@@ -282,16 +282,20 @@ fn launch(staging: &mut Pinned, stream: dsys::CUstream, execs: &[usize], uploads
 }
 
 impl Drop for CudaGraph {
+    /// Destroys the graphs and then frees their page-locked sources and the staging buffer, all on
+    /// CubeCL's device thread (its context current), not on whichever thread drops the graph.
     fn drop(&mut self) {
-        let handles: Vec<(usize, usize)> = self.segments.iter().map(|s| (s.graph, s.exec)).collect();
+        let (segments, staging) = (std::mem::take(&mut self.segments), self.staging.take());
         let _ = on_device_thread(&self.device, move |_| {
-            for (graph, exec) in handles {
+            for segment in segments {
                 // SAFETY: created by the capture, destroyed once; replays waited for their end.
                 unsafe {
-                    dsys::cuGraphExecDestroy(exec as dsys::CUgraphExec);
-                    dsys::cuGraphDestroy(graph as dsys::CUgraph);
+                    dsys::cuGraphExecDestroy(segment.exec as dsys::CUgraphExec);
+                    dsys::cuGraphDestroy(segment.graph as dsys::CUgraph);
                 }
+                drop(segment);
             }
+            drop(staging);
             Ok(())
         });
     }
