@@ -70,7 +70,12 @@ pub fn launch_gemv(client: &ComputeClient<CudaRuntime>, out_kind: FloatKind, row
     let (kernel, threads, features) = kernel("kiln_ternary_gemv", rows, n, k, [out_kind, FloatKind::F32], 0);
     let cubes = CubeCount::Static((n.div_ceil(features) * threads).div_ceil(CUBE_THREADS) as u32, 1, 1);
     let buffers = vec![args.x, args.x_scales, args.x_sums, args.words, args.w_scales, args.out];
-    kernel.launch(client, cubes, buffers, &[n as u32, k.div_ceil(ROW_GRANULE) as u32, group as u32]);
+    kernel.launch(client, cubes, buffers, &shape_params(n, k, group));
+}
+
+/// `gemv.cu`'s `Params`: output features, 16-byte weight vectors a row, output rows a scale.
+fn shape_params(n: usize, k: usize, group: usize) -> [u32; 3] {
+    [n as u32, k.div_ceil(ROW_GRANULE) as u32, group as u32]
 }
 
 /// The most shared memory the fused GEMV gives its activation codes (`rows · padded k` bytes):
@@ -115,6 +120,8 @@ pub fn launch_gemv_fused(client: &ComputeClient<CudaRuntime>, kinds: [FloatKind;
     let iterations = needed.div_ceil(resident * hardware.num_streaming_multiprocessors.unwrap_or(132) as usize);
     let cubes = needed.div_ceil(iterations);
     let buffers = vec![args.x, args.words, args.w_scales, args.out];
-    kernel.launch(client, CubeCount::Static(cubes as u32, 1, 1), buffers, &[n as u32, kv as u32, group as u32, k as u32, iterations as u32]);
+    // `FusedParams`: the shape's `Params`, then the row length and the strides.
+    let params = [&shape_params(n, k, group)[..], &[k as u32, iterations as u32]].concat();
+    kernel.launch(client, CubeCount::Static(cubes as u32, 1, 1), buffers, &params);
     true
 }

@@ -55,7 +55,7 @@ struct Params {
 };
 
 struct FusedParams {
-    unsigned n, kv, group;
+    Params shape;         // the weight's, as the two-kernel GEMV takes it
     unsigned k;           // activation row length
     unsigned iterations;  // feature strides per cube
 };
@@ -246,9 +246,9 @@ extern "C" __global__ void __launch_bounds__(KILN_CUBE) kiln_ternary_gemv_fused(
     __shared__ float max_scratch[KILN_ROWS * KILN_CUBE / 32];
     __shared__ int sum_scratch[KILN_ROWS * KILN_CUBE / 32];
     const unsigned tid = threadIdx.x;
-    kiln_prefetch(w, p.n, p.kv, (blockIdx.x * KILN_CUBE + tid) / KILN_T, tid % KILN_T);
+    kiln_prefetch(w, p.shape.n, p.shape.kv, (blockIdx.x * KILN_CUBE + tid) / KILN_T, tid % KILN_T);
     const bool vec = p.k % 16 == 0 && ((size_t)x & 15) == 0;
-    const unsigned quarters = p.kv * 4;
+    const unsigned quarters = p.shape.kv * 4;
     float sx[KILN_ROWS];
     int sums[KILN_ROWS];
 #pragma unroll
@@ -278,16 +278,16 @@ extern "C" __global__ void __launch_bounds__(KILN_CUBE) kiln_ternary_gemv_fused(
                 words[i / 4] |= ((unsigned)c & 0xffu) << (8 * (i % 4));
             }
             // Quarter `q` of the row is quarter `q % 4` of vector `q / 4`.
-            kiln_codes[(r * 4 + q % 4) * p.kv + q / 4] = make_uint4(words[0], words[1], words[2], words[3]);
+            kiln_codes[(r * 4 + q % 4) * p.shape.kv + q / 4] = make_uint4(words[0], words[1], words[2], words[3]);
         }
         sx[r] = s;
         sums[r] = sum;
     }
     kiln_cube_reduce_rows(sums, sum_scratch, KilnSum());
     __syncthreads();
-    const SharedActs acts{kiln_codes, p.kv};
+    const SharedActs acts{kiln_codes, p.shape.kv};
     for (unsigned it = 0; it < p.iterations; ++it) {
         const unsigned slot = ((it * gridDim.x + blockIdx.x) * KILN_CUBE + tid) / KILN_T;
-        kiln_slot(acts, sx, sums, w, w_scales, out, p.n, p.group, slot, tid % KILN_T);
+        kiln_slot(acts, sx, sums, w, w_scales, out, p.shape.n, p.shape.group, slot, tid % KILN_T);
     }
 }
