@@ -95,14 +95,23 @@ pub fn bench_gemv(device: &CudaDevice) {
 
 /// Prefill products (activation codes and the unscaled weight codes through cuBLASLt, then the
 /// scales) next to kiln's bf16 product.
+/// Calls a timing sample may make when each call's results, which the sample holds until its
+/// end, take `bytes`: at most 8 GB a sample. Two hundred calls of `[8192, n]` products or of
+/// `relu2_glu`'s `[16384, 6912]` gradients ran an H100's 80 GB out of memory (29th session).
+fn calls_within(bytes: usize) -> usize {
+    const SAMPLE_BYTES: usize = 8 << 30;
+    (SAMPLE_BYTES / bytes.max(1)).clamp(3, 200)
+}
+
 pub fn bench_prefill(device: &CudaDevice) {
     for (n, k) in PREFILL {
         let w = weight::<B>(n, k, device);
         let dense = bf16::<B, 2>([k, n], device);
         for m in [512, 2048, 8192] {
             let x = bf16::<B, 2>([m, k], device);
-            let t = super::time_adaptive(device, 0.1, 200, || ops::ternary_matmul(x.clone(), &w));
-            let bf = super::time_adaptive(device, 0.1, 200, || ops::matmul(x.clone(), dense.clone()));
+            let calls = calls_within(m * n * 2);
+            let t = super::time_adaptive(device, 0.1, calls, || ops::ternary_matmul(x.clone(), &w));
+            let bf = super::time_adaptive(device, 0.1, calls, || ops::matmul(x.clone(), dense.clone()));
             let flops = 2.0 * (m * k * n) as f64;
             println!(
                 "bench ternary prefill m{m:<5} n{n:<6} k{k:<6} kiln W2A8 {:8.3} ms ({:4.0} TF/s) | kiln bf16 {:8.3} ms ({:4.0} TF/s) | W2A8/bf16 {:.2}x",
@@ -155,8 +164,8 @@ pub fn bench_relu2_glu(device: &CudaDevice) {
     let (t, f) = (16384, 6912);
     let (gate, up) = (bf16::<Ad, 2>([t, f], device).require_grad(), bf16::<Ad, 2>([t, f], device).require_grad());
     let dy = bf16::<Ad, 2>([t, f], device);
-    let forward = super::time_adaptive(device, 0.2, 200, || ops::relu2_glu(gate.clone().inner(), up.clone().inner()));
-    let both = super::time_adaptive(device, 0.2, 200, || {
+    let forward = super::time_adaptive(device, 0.2, calls_within(t * f * 2), || ops::relu2_glu(gate.clone().inner(), up.clone().inner()));
+    let both = super::time_adaptive(device, 0.2, calls_within(2 * t * f * 2), || {
         let grads = (ops::relu2_glu(gate.clone(), up.clone()) * dy.clone()).sum().backward();
         (gate.grad(&grads).unwrap(), up.grad(&grads).unwrap())
     });
