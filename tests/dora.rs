@@ -1,7 +1,7 @@
 //! DoRA: the rescaling op (forward, `du`, `dm`) against its formula; the factored weight norm
-//! against the dense one, and its kernels against the factored formula; DoRA layers (float and 4-bit bases, rsLoRA, bias, dropout) against
-//! PEFT's dense formula with every gradient; a fresh DoRA layer equals its base; merge/unmerge;
-//! training touches only `A`, `B` and `m`.
+//! against the dense one, and its kernels against the factored formula; DoRA layers (float and
+//! 4-bit bases, rsLoRA, bias, dropout) against PEFT's dense formula with every gradient; a fresh
+//! DoRA layer equals its base; merge/unmerge; training touches only `A`, `B` and `m`.
 
 mod common;
 

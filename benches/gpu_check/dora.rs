@@ -10,6 +10,7 @@ use kiln::nn::{Linear, LinearLayer, LoraLinear, Nf4Linear};
 use kiln::ops::nf4::QuantType;
 
 use super::common::adapters::{DoraCase, DoraLayerCase, DoraNormCase};
+use super::common::checks::prim;
 use super::lora::{Ad, RANK, STEPS, TOKENS, adapter, bf16, step};
 
 pub fn op_cases() -> Vec<DoraCase> {
@@ -82,9 +83,9 @@ fn parts(linear: &Linear<Ad>, x: &Tensor<Ad, 2>, dy: &Tensor<Ad, 2>, device: &Cu
     let (a, b) = (adapter.lora_a.val().detach(), adapter.lora_b.val().detach());
     let norm = time(&|| drop(kiln::ops::dora_norm(norms_sq.clone(), linear.forward(a.clone()), a.clone(), b.clone(), adapter.scale())));
     // The same factors through the composed Burn ops (the reference), for the kernels' share.
-    let [a_i, b_i, w_sq_i] = [a.clone().inner().into_primitive().tensor(), b.inner().into_primitive().tensor(), norms_sq.clone().inner().into_primitive().tensor()];
+    let (a_i, b_i, w_sq_i) = (prim(a.clone().inner()), prim(b.inner()), prim(norms_sq.clone().inner()));
     let composed = time(&|| {
-        let a_w = linear.forward(a.clone()).inner().into_primitive().tensor();
+        let a_w = prim(linear.forward(a.clone()).inner());
         drop(kiln::ops::dora::reference::norm::<super::B>(w_sq_i.clone(), a_w, a_i.clone(), b_i.clone(), adapter.scale()))
     });
     let u = bf16([TOKENS, d_out], 1.0, device).require_grad();

@@ -93,8 +93,6 @@ pub fn bench_gemv(device: &CudaDevice) {
     }
 }
 
-/// Prefill products (activation codes and the unscaled weight codes through cuBLASLt, then the
-/// scales) next to kiln's bf16 product.
 /// Calls a timing sample may make when each call's results, which the sample holds until its
 /// end, take `bytes`: at most 8 GB a sample. Two hundred calls of `[8192, n]` products or of
 /// `relu2_glu`'s `[16384, 6912]` gradients ran an H100's 80 GB out of memory (29th session).
@@ -103,6 +101,8 @@ fn calls_within(bytes: usize) -> usize {
     (SAMPLE_BYTES / bytes.max(1)).clamp(3, 200)
 }
 
+/// Prefill products (activation codes and the unscaled weight codes through cuBLASLt, then the
+/// scales) next to kiln's bf16 product.
 pub fn bench_prefill(device: &CudaDevice) {
     for (n, k) in PREFILL {
         let w = weight::<B>(n, k, device);

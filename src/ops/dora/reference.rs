@@ -1,5 +1,6 @@
-//! DoRA's rescaling and factored weight norm from plain Burn tensor ops: the oracle of the tests and the implementation on
-//! backends without kernels. Arithmetic in f32 (f64 for f64 inputs), like the kernels.
+//! DoRA's rescaling and factored weight norm from plain Burn tensor ops: the oracle of the tests
+//! and the implementation on backends without kernels. Arithmetic in f32 (f64 for f64 inputs),
+//! like the kernels.
 
 use burn::tensor::{FloatDType, Tensor, TensorMetadata, backend::Backend, ops::FloatTensor};
 
