@@ -54,16 +54,18 @@ fn greedy<B: kiln::KilnBackend>(model: &TernaryDecoder<B>, prompt: &[i64], new: 
     collect_tokens(model.generate(std::slice::from_ref(&prompt), config), 1).remove(0)
 }
 
-/// Logits within f32 rounding of transformers' (see the module doc), and
-/// the same greedy tokens (with the KV cache; transformers ran full forwards).
-fn check<B: kiln::KilnBackend>(name: &str, backend: &str, dtype: FloatDType, device: &B::Device) -> f64 {
+/// Logits of the checkpoint at `path` within f32 rounding of transformers' for fixture `name`
+/// (see the module doc), and the same greedy tokens (with the KV cache; transformers ran full
+/// forwards).
+fn check<B: kiln::KilnBackend>(name: &str, path: &Path, backend: &str, dtype: FloatDType, device: &B::Device) -> f64 {
     let (prompt, expected, tokens) = expected(name);
-    let model = model::<B>(&fixture(name), dtype, device);
+    let model = model::<B>(path, dtype, device);
     let got = logits(&model, &prompt, device);
     let scale = expected.iter().fold(0.0f64, |m, v| m.max(v.abs()));
     let err = max_abs_err(&got, &expected);
-    assert!(err <= TOLERANCE * scale, "{backend} {name}: logits differ from transformers by {err:.3e} (scale {scale:.2})");
-    assert_eq!(greedy(&model, &prompt, tokens.len()), tokens, "{backend} {name}: greedy tokens");
+    let file = path.file_name().unwrap().to_string_lossy();
+    assert!(err <= TOLERANCE * scale, "{backend} {file}: logits differ from transformers by {err:.3e} (scale {scale:.2})");
+    assert_eq!(greedy(&model, &prompt, tokens.len()), tokens, "{backend} {file}: greedy tokens");
     err / scale
 }
 
@@ -71,15 +73,78 @@ fn check<B: kiln::KilnBackend>(name: &str, backend: &str, dtype: FloatDType, dev
 fn bitnet_checkpoints_give_transformers_logits() {
     let cpu = Default::default();
     for name in VARIANTS {
-        let f64_err = check::<NdArray<f64>>(name, "ndarray f64", FloatDType::F64, &cpu);
-        let f32_err = check::<NdArray<f32>>(name, "ndarray f32", FloatDType::F32, &cpu);
+        let f64_err = check::<NdArray<f64>>(name, &fixture(name), "ndarray f64", FloatDType::F64, &cpu);
+        let f32_err = check::<NdArray<f32>>(name, &fixture(name), "ndarray f32", FloatDType::F32, &cpu);
         eprintln!("{name}: relative logit error ndarray f64 {f64_err:.2e}, f32 {f32_err:.2e}");
         #[cfg(feature = "wgpu")]
         if let Some(gpu) = common::wgpu_device() {
-            let err = check::<burn::backend::Wgpu>(name, "wgpu", FloatDType::F32, &gpu);
+            let err = check::<burn::backend::Wgpu>(name, &fixture(name), "wgpu", FloatDType::F32, &gpu);
             eprintln!("{name}: relative logit error wgpu {err:.2e}");
         }
     }
+}
+
+/// llama.cpp's `bitnet` GGUFs of the `autobitlinear` fixture (`fixtures/make_gguf.py`): weights
+/// as the converter writes them (`codes · weight_scale` floats) or as codes with a `.scale`
+/// tensor. Both pack to the ternary weights transformers ran: its logits and greedy tokens.
+const GGUFS: [&str; 2] = ["gguf/bitnet_auto.F32.gguf", "gguf/bitnet_auto.F16_scale.gguf"];
+
+#[test]
+fn bitnet_ggufs_give_transformers_logits() {
+    let cpu = Default::default();
+    for file in GGUFS {
+        let err = check::<NdArray<f32>>("bitnet_auto", &fixture(file), "ndarray f32", FloatDType::F32, &cpu);
+        eprintln!("{file}: relative logit error ndarray f32 {err:.2e}");
+    }
+}
+
+/// A float load of a `bitnet` GGUF computes what llama.cpp does with it: the sub-norms, squared
+/// ReLU and the `.scale`s, in float (no 8-bit activations). Its logits stay within the 8-bit
+/// activations' rounding of the packed decoder's; a dropped `.scale` or sub-norm lands far outside.
+#[test]
+fn bitnet_gguf_loads_as_float() {
+    let cpu = Default::default();
+    let (prompt, ..) = expected("bitnet_auto");
+    let packed = logits(&model::<NdArray>(&fixture(GGUFS[1]), FloatDType::F32, &cpu), &prompt, &cpu);
+    let (_, float) = load::<NdArray>(&fixture(GGUFS[1]), &options(FloatDType::F32), &cpu).unwrap();
+    let tokens = Tensor::<NdArray, 2, Int>::from_data(TensorData::new(prompt.clone(), [1, prompt.len()]), &cpu);
+    let float = common::values(float.forward(tokens));
+    let scale = packed.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    let err = max_abs_err(&packed, &float) / scale;
+    eprintln!("bitnet GGUF as float: {err:.2e} of the logits' scale from the packed decoder");
+    assert!(err < 0.05, "float and packed loads differ by {err:.3e} of the logits' scale");
+}
+
+/// A copy of fixture GGUF `file` with the values `from` (found once in the file, as f32 bytes)
+/// replaced by `to`.
+fn patched_gguf(file: &str, tag: &str, from: &[f32], to: &[f32]) -> std::path::PathBuf {
+    let le = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let (from, to) = (le(from), le(to));
+    let mut bytes = std::fs::read(fixture(file)).unwrap();
+    let at: Vec<usize> = bytes.windows(from.len()).enumerate().filter(|(_, w)| *w == from).map(|(i, _)| i).collect();
+    assert_eq!(at.len(), 1, "the values are not unique in {file}");
+    bytes[at[0]..at[0] + to.len()].copy_from_slice(&to);
+    let path = std::env::temp_dir().join(format!("kiln-bitnet-{tag}-{}.gguf", std::process::id()));
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+#[test]
+fn damaged_bitnet_ggufs_are_named() {
+    let weight = "blk.1.attn_q.weight";
+    let gguf = kiln_models::gguf::GgufFile::open(&fixture(GGUFS[0])).unwrap();
+    // A fourth level in a row: no ternary weight. (The tensor's first 64 values find it.)
+    let head = gguf.tensor_f32(weight).unwrap().1[..64].to_vec();
+    let mut halved = head.clone();
+    *halved.iter_mut().find(|v| **v > 0.0).unwrap() *= 0.5;
+    let path = patched_gguf(GGUFS[0], "level", &head, &halved);
+    let msg = load_error(&path);
+    assert!(msg.contains(weight) && msg.contains("magnitudes"), "{msg}");
+    // A zero scale would make every product zero.
+    let scale = kiln_models::gguf::GgufFile::open(&fixture(GGUFS[1])).unwrap().tensor_f32("blk.1.attn_q.scale").unwrap().1[0];
+    let path = patched_gguf(GGUFS[1], "scale", &[scale], &[0.0]);
+    let msg = load_error(&path);
+    assert!(msg.contains("blk.1.attn_q.scale") && msg.contains("nonzero"), "{msg}");
 }
 
 /// The two scale conventions store reciprocal scales of one model: the same logits. Reading one

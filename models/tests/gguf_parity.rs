@@ -59,7 +59,14 @@ fn dequantization_is_bit_exact_with_gguf_py() {
 
 #[test]
 fn config_from_metadata_matches_config_json() {
-    for (family, file) in [("llama31", "llama31.F32.gguf"), ("qwen2", "qwen2.Q8_0.gguf"), ("qwen3", "qwen3.F16.gguf"), ("mistral", "mistral.Q8_0.gguf")] {
+    let files = [
+        ("llama31", "llama31.F32.gguf"),
+        ("qwen2", "qwen2.Q8_0.gguf"),
+        ("qwen3", "qwen3.F16.gguf"),
+        ("mistral", "mistral.Q8_0.gguf"),
+        ("bitnet_auto", "bitnet_auto.F32.gguf"),
+    ];
+    for (family, file) in files {
         let (hf_family, hf) = from_hf_json(&fixtures().join(family)).unwrap();
         let (gguf_family, gguf) = config_from_gguf(&GgufFile::open(&fixtures().join("gguf").join(file)).unwrap()).unwrap();
         assert_eq!(hf_family, gguf_family, "{file}");
@@ -67,7 +74,9 @@ fn config_from_metadata_matches_config_json() {
             (c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim)
         };
         assert_eq!(shape(&hf), shape(&gguf), "{file}");
-        let flags = |c: &kiln_models::DecoderConfig| (c.qkv_bias, c.o_bias, c.qk_norm, c.tie_embeddings, c.window(0), c.eos_token_ids.clone());
+        let flags = |c: &kiln_models::DecoderConfig| {
+            (c.qkv_bias, c.o_bias, c.qk_norm, c.sub_norms, c.activation, c.tie_embeddings, c.window(0), c.eos_token_ids.clone())
+        };
         assert_eq!(flags(&hf), flags(&gguf), "{file}");
         // Llama 3.1 scaling arrives as per-frequency divisors: the same frequencies.
         for (a, b) in hf.rope_inv_freq().iter().zip(gguf.rope_inv_freq()) {

@@ -42,6 +42,19 @@ pub fn from_hf_json(path: &Path) -> Result<(Family, DecoderConfig)> {
     from_hf_value(&value, &path)
 }
 
+/// The activations kiln's MLP computes, by HF's names.
+pub(crate) const ACTIVATIONS: &str = "silu, relu2, gelu_pytorch_tanh";
+
+/// The MLP gate activation HF's `hidden_act` (and GGUF's `{arch}.hidden_activation`) names.
+pub(crate) fn activation_named(name: &str) -> Option<GluActivation> {
+    match name {
+        "silu" => Some(GluActivation::Silu),
+        "relu2" => Some(GluActivation::Relu2),
+        "gelu_pytorch_tanh" => Some(GluActivation::GeluTanh),
+        _ => None,
+    }
+}
+
 /// [`from_hf_json`] on parsed JSON; `path` names the file in errors.
 pub fn from_hf_value(value: &Value, path: &Path) -> Result<(Family, DecoderConfig)> {
     let fields = Fields { map: value.as_object().ok_or_else(|| LoadError::malformed(path, "the top level is not an object"))?, path };
@@ -50,12 +63,7 @@ pub fn from_hf_value(value: &Value, path: &Path) -> Result<(Family, DecoderConfi
         fields.error("model_type", format!("`{model_type}` is not supported (llama, qwen2, qwen3, mistral, bitnet)"))
     })?;
     let act = fields.opt_string("hidden_act")?.unwrap_or_else(|| "silu".into());
-    let activation = match act.as_str() {
-        "silu" => GluActivation::Silu,
-        "relu2" => GluActivation::Relu2,
-        "gelu_pytorch_tanh" => GluActivation::GeluTanh,
-        _ => return Err(fields.error("hidden_act", format!("`{act}` is not supported (silu, relu2, gelu_pytorch_tanh)"))),
-    };
+    let activation = activation_named(&act).ok_or_else(|| fields.error("hidden_act", format!("`{act}` is not supported ({ACTIVATIONS})")))?;
     let hidden_size = fields.usize("hidden_size")?;
     let num_heads = fields.usize("num_attention_heads")?;
     let num_layers = fields.usize("num_hidden_layers")?;

@@ -6,6 +6,7 @@ use burn::config::Config;
 use kiln::ops::{rope::RopeScaling, swiglu::GluActivation};
 
 pub use hf::{Family, from_hf_json, from_hf_value};
+pub(crate) use hf::{ACTIVATIONS, activation_named};
 
 /// A pre-norm decoder-only transformer with RMSNorm, RoPE, GQA attention and a gated MLP: Llama
 /// 2/3/3.1/3.2, Qwen2/2.5, Qwen3, Mistral and BitNet b1.58 are this with different flags.

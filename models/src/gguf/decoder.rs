@@ -58,6 +58,7 @@ impl GgufFile {
             rope_dimension_count: self.opt_u64(&k("rope.dimension_count"))?,
             rope_scaling,
             sliding_window: self.opt_u64(&k("attention.sliding_window"))?,
+            hidden_activation: self.opt_str(&k("hidden_activation"))?.map(str::to_string),
             vocab_size,
             bos_token_id: self.opt_u64("tokenizer.ggml.bos_token_id")?,
             eos_token_id: self.opt_u64("tokenizer.ggml.eos_token_id")?,
@@ -96,7 +97,7 @@ pub struct RopeScaling {
 /// A decoder's hyperparameters as a GGUF file states them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GgufModelInfo {
-    /// `general.architecture`: `"llama"` (also Mistral), `"qwen2"`, `"qwen3"`, ...
+    /// `general.architecture`: `"llama"` (also Mistral), `"qwen2"`, `"qwen3"`, `"bitnet"`, ...
     pub architecture: String,
     pub context_length: u64,
     /// Hidden size.
@@ -120,6 +121,9 @@ pub struct GgufModelInfo {
     pub rope_scaling: Option<RopeScaling>,
     /// `attention.sliding_window` (llama.cpp's converter does not write it for Mistral).
     pub sliding_window: Option<u64>,
+    /// `hidden_activation`: the MLP gate's activation by HF's name (`relu2` for BitNet b1.58
+    /// 2B-4T); llama.cpp takes SiLU where it is absent.
+    pub hidden_activation: Option<String>,
     /// The length of `tokenizer.ggml.tokens` (else `{arch}.vocab_size`).
     pub vocab_size: usize,
     pub bos_token_id: Option<u64>,
@@ -130,7 +134,8 @@ pub struct GgufModelInfo {
     pub has_rope_freqs: bool,
 }
 
-/// The GGUF (llama.cpp) name of the HF tensor `hf_name`, for Llama/Mistral/Qwen2/Qwen3 decoders.
+/// The GGUF (llama.cpp) name of the HF tensor `hf_name`, for Llama/Mistral/Qwen2/Qwen3/BitNet
+/// decoders.
 pub fn gguf_tensor_name(hf_name: &str) -> Option<String> {
     match hf_name {
         "model.embed_tokens.weight" => return Some("token_embd.weight".into()),
@@ -153,6 +158,8 @@ pub fn gguf_tensor_name(hf_name: &str) -> Option<String> {
         "self_attn.o_proj" => "attn_output",
         "self_attn.q_norm" => "attn_q_norm",
         "self_attn.k_norm" => "attn_k_norm",
+        "self_attn.attn_sub_norm" => "attn_sub_norm",
+        "mlp.ffn_sub_norm" => "ffn_sub_norm",
         "mlp.gate_proj" => "ffn_gate",
         "mlp.up_proj" => "ffn_up",
         "mlp.down_proj" => "ffn_down",
@@ -160,9 +167,7 @@ pub fn gguf_tensor_name(hf_name: &str) -> Option<String> {
     };
     let suffix_ok = match suffix {
         "weight" => true,
-        "bias" => {
-            name.starts_with("attn_") && !name.ends_with("_norm") || name.starts_with("ffn_") && name != "ffn_norm"
-        }
+        "bias" => (name.starts_with("attn_") || name.starts_with("ffn_")) && !name.ends_with("_norm"),
         _ => false,
     };
     suffix_ok.then(|| format!("blk.{layer}.{name}.{suffix}"))

@@ -104,29 +104,38 @@ pub fn encode(ty: GgmlType, codes: &[u8], scales: &[f32]) -> Result<Vec<u8>, Str
     Ok(out)
 }
 
-/// A `[n, k]` weight stored as TQ1_0/TQ2_0 (`k` a multiple of 256) as a packed ternary matrix.
-/// Each row's nonzero blocks must share one `d` (llama.cpp's BitNet conversion writes the
-/// tensor's scale into every block), which becomes the row's scale `1 / d`; one scale for the
-/// tensor when every row has the same.
-pub fn to_ternary(ty: GgmlType, data: &[u8], n: usize, k: usize) -> Result<TernaryMatrix, String> {
-    if !k.is_multiple_of(QK_K) || data.len() != n * k / QK_K * ty.type_size() {
-        return Err(format!("{} bytes of {ty} do not hold a [{n}, {k}] weight of whole {QK_K}-value rows", data.len()));
+/// A `[n, k]` row-major weight that takes ternary values, `{−m, 0, +m}` with one magnitude `m`
+/// a row, as a packed ternary matrix with row scale `1 / m` (one scale for the tensor when every
+/// row has the same `m`; an all-zero row takes the others'). This is how a `bitnet` GGUF holds a
+/// BitNet weight, whatever its type: llama.cpp's converter writes `W̃ / s` as floats, and TQ1_0 /
+/// TQ2_0 blocks dequantize to `(t − 1) · d` with the tensor's `d` in every block.
+pub fn from_values(values: &[f32], n: usize, k: usize) -> Result<TernaryMatrix, String> {
+    if values.len() != n * k {
+        return Err(format!("{} values do not fill a [{n}, {k}] weight", values.len()));
     }
-    let (codes, d) = decode(ty, data)?;
-    let per_row = k / QK_K;
-    let mut row_d = Vec::with_capacity(n);
-    for (row, blocks) in d.chunks(per_row).enumerate() {
-        let nonzero = blocks.iter().copied().filter(|&v| v != 0.0);
-        let first = nonzero.clone().next().unwrap_or(1.0);
-        if nonzero.into_iter().any(|v| v != first) {
-            return Err(format!("row {row} has blocks with different scales; a ternary weight has one scale a row"));
+    let mut magnitudes = Vec::with_capacity(n);
+    for (row, v) in values.chunks_exact(k).enumerate() {
+        let mut nonzero = v.iter().map(|x| x.abs()).filter(|&a| a != 0.0);
+        let m = nonzero.next();
+        if let Some(m) = m {
+            if let Some(other) = nonzero.find(|&a| a != m) {
+                return Err(format!("row {row} holds magnitudes {m} and {other}; a ternary weight has one a row"));
+            }
+            if !m.is_finite() {
+                return Err(format!("row {row} holds {m}"));
+            }
         }
-        row_d.push(first);
+        magnitudes.push(m);
     }
-    let shared = row_d.iter().all(|&v| v == row_d[0]);
-    let (group, scales) = if shared { (n, vec![1.0 / row_d[0]]) } else { (1, row_d.iter().map(|v| 1.0 / v).collect()) };
+    let first = magnitudes.iter().flatten().copied().next().unwrap_or(1.0);
+    let shared = magnitudes.iter().flatten().all(|&m| m == first);
+    let (group, scales) = if shared {
+        (n, vec![1.0 / first])
+    } else {
+        (1, magnitudes.iter().map(|m| 1.0 / m.unwrap_or(first)).collect())
+    };
+    let codes: Vec<i8> = values.iter().map(|&x| if x > 0.0 { 1 } else if x < 0.0 { -1 } else { 0 }).collect();
     let layout = TernaryLayout::new(n, k, group).map_err(|e| e.0)?;
-    let codes: Vec<i8> = codes.iter().map(|&t| t as i8 - 1).collect();
     TernaryMatrix::from_codes(&codes, layout, scales).map_err(|e| e.0)
 }
 
@@ -200,14 +209,27 @@ mod tests {
         for (group, scales) in [(n, vec![4.0]), (1, vec![0.5, 2.0, 8.0])] {
             let m = TernaryMatrix::from_codes(&c, TernaryLayout::new(n, k, group).unwrap(), scales).unwrap();
             for ty in [GgmlType::TQ1_0, GgmlType::TQ2_0] {
-                let back = to_ternary(ty, &from_ternary(ty, &m).unwrap(), n, k).unwrap();
+                let values = crate::gguf::dequantize(ty, &from_ternary(ty, &m).unwrap()).unwrap();
                 // Powers of two survive f16 exactly, so the scales come back too.
-                assert_eq!(back, m, "{ty} group {group}");
+                assert_eq!(from_values(&values, n, k).unwrap(), m, "{ty} group {group}");
             }
         }
-        let mut mixed = from_ternary(GgmlType::TQ2_0, &TernaryMatrix::from_codes(&c, TernaryLayout::new(n, k, n).unwrap(), vec![4.0]).unwrap()).unwrap();
-        mixed[64] ^= 0x01; // the first block's d
-        assert!(to_ternary(GgmlType::TQ2_0, &mixed, n, k).unwrap_err().contains("row 0"));
+    }
+
+    #[test]
+    fn values_off_three_levels_are_refused() {
+        let mut v = vec![0.5f32, -0.5, 0.0, 0.5, 0.0, 0.0, 0.0, 0.0];
+        let m = from_values(&v, 2, 4).unwrap();
+        // The zero row takes the other's scale: one scale for the tensor.
+        assert_eq!((m.layout.group, m.row_scale(1)), (2, 2.0));
+        assert_eq!(m.codes(), [1, -1, 0, 1, 0, 0, 0, 0]);
+        v[4] = -0.25;
+        let per_row = from_values(&v, 2, 4).unwrap();
+        assert_eq!((per_row.layout.group, per_row.row_scale(0), per_row.row_scale(1)), (1, 2.0, 4.0));
+        v[5] = 0.5;
+        assert!(from_values(&v, 2, 4).unwrap_err().contains("row 1 holds magnitudes 0.25 and 0.5"));
+        assert!(from_values(&[f32::INFINITY, 0.0], 1, 2).unwrap_err().contains("row 0 holds inf"));
+        assert!(from_values(&v, 3, 4).is_err());
     }
 
     #[test]

@@ -2,16 +2,21 @@
 //! (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K, TQ1_0, TQ2_0), renamed from HF to GGUF names, Q/K rows put back in
 //! HF order where llama.cpp's converter permuted them (the `llama` architecture), and the config
 //! read from the metadata.
+//!
+//! llama.cpp's `bitnet` architecture (BitNet b1.58) stores each attention/MLP weight as its
+//! ternary values (`W̃ / s`, in any type; TQ1_0/TQ2_0 for the packed files), optionally with a
+//! one-value `<name>.scale` tensor that multiplies the product. Float loading multiplies it into
+//! the weight; [`ParamSource::ternary`] packs the weight exactly for `load_bitnet`.
 
 use std::path::Path;
 
 use burn::tensor::{FloatDType, Tensor, TensorData, backend::Backend};
 
 use super::{ParamKind, ParamSource, transpose_bytes, upload};
-use crate::config::{DecoderConfig, Family};
+use crate::config::{ACTIVATIONS, DecoderConfig, Family, activation_named};
 use crate::error::{LoadError, Result};
-use crate::gguf::{GgufFile, gguf_tensor_name, unpermute_qk};
-use kiln::ops::{rope::RopeScaling, swiglu::GluActivation};
+use crate::gguf::{GgufFile, gguf_tensor_name, ternary, unpermute_qk};
+use kiln::ops::{rope::RopeScaling, swiglu::GluActivation, ternary::TernaryMatrix};
 
 /// The tensors of a GGUF file, dequantized on demand into a chosen float dtype.
 pub struct GgufSource {
@@ -19,6 +24,8 @@ pub struct GgufSource {
     dtype: FloatDType,
     /// Heads and kv heads when Q/K rows are stored permuted (llama architecture).
     permuted_heads: Option<(usize, usize)>,
+    /// The linears hold ternary values (the `bitnet` architecture).
+    ternary: bool,
 }
 
 impl GgufSource {
@@ -26,18 +33,34 @@ impl GgufSource {
     pub fn open(path: &Path, dtype: FloatDType) -> Result<(Self, Family, DecoderConfig)> {
         let file = GgufFile::open(path)?;
         let (family, config) = config_from_gguf(&file)?;
-        let permuted_heads = (file.str("general.architecture")? == "llama").then_some((config.num_heads, config.num_kv_heads));
-        Ok((Self { file, dtype, permuted_heads }, family, config))
+        let arch = file.str("general.architecture")?;
+        let permuted_heads = (arch == "llama").then_some((config.num_heads, config.num_kv_heads));
+        let ternary = arch == "bitnet";
+        Ok((Self { file, dtype, permuted_heads, ternary }, family, config))
     }
 
     pub fn file(&self) -> &GgufFile {
         &self.file
     }
 
-    /// GGUF tensor names that the config's model does not explain (besides `rope_freqs.weight`).
+    /// GGUF tensor names that the config's model does not explain (besides `rope_freqs.weight`
+    /// and the linears' `.scale`s).
     pub(crate) fn unexpected(&self, expected: &std::collections::HashSet<String>) -> Option<String> {
         let known: std::collections::HashSet<String> = expected.iter().filter_map(|n| gguf_tensor_name(n)).collect();
-        self.file.tensors().iter().map(|t| t.name.clone()).filter(|n| !known.contains(n) && n != "rope_freqs.weight").min()
+        let explained = |n: &String| known.contains(n) || n == "rope_freqs.weight" || n.strip_suffix(".scale").is_some_and(|w| known.contains(&format!("{w}.weight")));
+        self.file.tensors().iter().map(|t| t.name.clone()).filter(|n| !explained(n)).min()
+    }
+
+    /// The value of the `.scale` tensor beside the weight `stored_name`, if the file has one
+    /// (one finite nonzero number).
+    fn weight_scale(&self, stored_name: &str) -> Result<Option<f32>> {
+        let Some(name) = stored_name.strip_suffix(".weight").map(|w| format!("{w}.scale")).filter(|n| self.file.contains(n)) else {
+            return Ok(None);
+        };
+        match self.file.tensor_f32(&name)?.1[..] {
+            [v] if v.is_finite() && v != 0.0 => Ok(Some(v)),
+            ref other => Err(LoadError::tensor(self.file.path(), &name, format!("expected one finite nonzero value, found {other:?}"))),
+        }
     }
 }
 
@@ -60,6 +83,9 @@ impl ParamSource for GgufSource {
                     .ok_or_else(|| LoadError::tensor(&path, &stored_name, format!("{rows} rows do not split into {n_head} rotary heads")))?;
             }
         }
+        if let Some(scale) = self.weight_scale(&stored_name)? {
+            data.iter_mut().for_each(|v| *v *= scale);
+        }
         let data = if kind == ParamKind::Linear {
             let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
             let t = transpose_bytes(&bytes, hf_shape[0], hf_shape[1], 4);
@@ -72,6 +98,21 @@ impl ParamSource for GgufSource {
 
     fn contains(&self, name: &str) -> bool {
         gguf_tensor_name(name).is_some_and(|n| self.file.contains(&n))
+    }
+
+    fn ternary(&self, name: &str, n: usize, k: usize) -> Option<Result<TernaryMatrix>> {
+        self.ternary.then(|| {
+            let path = self.file.path();
+            let stored_name = gguf_tensor_name(name).ok_or_else(|| LoadError::tensor(path, name, "has no GGUF name"))?;
+            let (dims, mut values) = self.file.tensor_f32(&stored_name)?;
+            if dims != [k, n] {
+                return Err(LoadError::tensor(path, &stored_name, format!("dims {dims:?}; the config needs [{k}, {n}] (GGUF order)")));
+            }
+            if let Some(scale) = self.weight_scale(&stored_name)? {
+                values.iter_mut().for_each(|v| *v *= scale);
+            }
+            ternary::from_values(&values, n, k).map_err(|e| LoadError::tensor(path, &stored_name, e))
+        })
     }
 
     fn origin(&self) -> &Path {
@@ -89,7 +130,14 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<(Family, DecoderConfig)> {
         "llama" => Family::Llama,
         "qwen2" => Family::Qwen2,
         "qwen3" => Family::Qwen3,
-        other => return Err(LoadError::field(path, "general.architecture", format!("`{other}` is not supported (llama, qwen2, qwen3)"))),
+        "bitnet" => Family::BitNet,
+        other => return Err(LoadError::field(path, "general.architecture", format!("`{other}` is not supported (llama, qwen2, qwen3, bitnet)"))),
+    };
+    let activation = match &info.hidden_activation {
+        None => GluActivation::Silu,
+        Some(name) => activation_named(name).ok_or_else(|| {
+            LoadError::field(path, format!("{}.hidden_activation", info.architecture), format!("`{name}` is not supported ({ACTIVATIONS})"))
+        })?,
     };
     let size = |field: &str, v: u64| usize::try_from(v).map_err(|_| LoadError::field(path, field, format!("{v} does not fit in memory sizes")));
     let has = |name: &str| file.contains(name);
@@ -124,8 +172,8 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<(Family, DecoderConfig)> {
         o_bias: has("blk.0.attn_output.bias"),
         mlp_bias: has("blk.0.ffn_gate.bias"),
         qk_norm: has("blk.0.attn_q_norm.weight"),
-        activation: GluActivation::Silu,
-        sub_norms: false,
+        activation,
+        sub_norms: family == Family::BitNet,
         sliding_window: info.sliding_window.map(|w| size("attention.sliding_window", w)).transpose()?,
         sliding_layers: None,
         tie_embeddings: info.tied_embeddings,

@@ -10,6 +10,7 @@ use std::path::Path;
 
 use burn::tensor::{Distribution, FloatDType, Tensor, TensorData, backend::Backend};
 pub use kiln::ops::nf4::bnb::{Stored, StoredDtype};
+use kiln::ops::ternary::TernaryMatrix;
 
 pub use self::gguf::{GgufSource, config_from_gguf};
 pub use self::safetensors::SafetensorsSource;
@@ -44,6 +45,13 @@ pub trait ParamSource {
     /// The tensor `name` as stored in the file, for layers that read their own format
     /// (bitsandbytes' 4-bit weights); `None` when the source stores no such tensor.
     fn stored(&self, _name: &str) -> Option<Stored<'_>> {
+        None
+    }
+
+    /// The linear weight `name` (`[n, k]`, HF's `[out, in]`) packed exactly, where the file
+    /// stores it as ternary values (a `bitnet` GGUF); `None` where its weights are float, for a
+    /// maker to quantize.
+    fn ternary(&self, _name: &str, _n: usize, _k: usize) -> Option<Result<TernaryMatrix>> {
         None
     }
 

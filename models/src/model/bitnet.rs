@@ -3,7 +3,7 @@
 //! gradients); [`pack_ternary`] turns the trained decoder into packed 2-bit [`TernaryLinear`]s
 //! whose products run the W2A8 kernels. The embedding, norms and head stay float, as in BitNet.
 //! [`load_bitnet`] reads HF's `BitNetForCausalLM` checkpoints (2-bit packed `weight` +
-//! `weight_scale` per linear) into the same packed decoder.
+//! `weight_scale` per linear) and llama.cpp's `bitnet` GGUFs into the same packed decoder.
 
 use std::path::Path;
 
@@ -61,7 +61,8 @@ pub fn pack_ternary<B: TernaryBackend + RmsNormBackend>(model: &BitNetDecoder<B>
 /// Loads a BitNet checkpoint with packed ternary attention and MLP linears: HF's
 /// `BitNetForCausalLM` (`quantization_config.linear_class` `bitlinear` or `autobitlinear`,
 /// offline: packed weights; online: float weights, quantized here as transformers quantizes them
-/// on every forward), or any float checkpoint or `.gguf`, whose linears are quantized per tensor.
+/// on every forward), a `bitnet` `.gguf` (its ternary weights packed as they are), or any other
+/// float checkpoint or `.gguf`, whose linears are quantized per tensor.
 /// The embedding, norms and head load in `options.dtype`.
 pub fn load_bitnet<B: TernaryBackend + RmsNormBackend>(dir: &Path, options: &LoadOptions, device: &B::Device) -> Result<(Family, TernaryDecoder<B>)> {
     let mut maker = if dir.extension().is_some_and(|e| e == "gguf") { TernaryMaker::default() } else { TernaryMaker::from_config(dir)? };
@@ -146,6 +147,20 @@ impl TernaryMaker {
         self.input_norm.map(|epsilon| read_norm(source, &format!("{name}.rms_norm"), width, epsilon, device)).transpose()
     }
 
+    /// HF's packed `<name>.weight` (`[n/4, k]` bytes) with its `<name>.weight_scale`.
+    fn hf_packed<S: ParamSource>(&self, source: &S, name: &str, n: usize, k: usize) -> Result<TernaryMatrix> {
+        let path = source.origin().to_path_buf();
+        let scale_name = format!("{name}.weight_scale");
+        let scale = self.scale(source.stored(&scale_name), &scale_name, &path)?;
+        let weight_name = format!("{name}.weight");
+        let stored = source.stored(&weight_name).ok_or_else(|| LoadError::tensor(&path, &weight_name, "missing from the checkpoint"))?;
+        let packed_shape = [n.div_ceil(4), k];
+        if stored.dtype != StoredDtype::U8 || stored.shape != packed_shape {
+            return Err(LoadError::tensor(&path, &weight_name, format!("stored {:?} {:?}; a packed ternary weight is U8 {packed_shape:?}", stored.dtype, stored.shape)));
+        }
+        TernaryMatrix::from_hf(stored.bytes, n, k, scale).map_err(|e| LoadError::tensor(&path, &weight_name, e.to_string()))
+    }
+
     /// kiln's scale from `<name>.weight_scale` (one positive finite value of a float type).
     fn scale(&self, stored: Option<Stored<'_>>, name: &str, path: &Path) -> Result<f32> {
         let stored = stored.ok_or_else(|| LoadError::tensor(path, name, "missing from the checkpoint"))?;
@@ -168,21 +183,16 @@ impl<B: TernaryBackend + RmsNormBackend> MakeLinear<B> for TernaryMaker {
     fn make<S: ParamSource>(&mut self, source: &mut S, name: &str, shape: LinearShape, device: &B::Device) -> Result<TernaryLinear<B>> {
         let LinearShape { d_input: k, d_output: n, bias } = shape;
         let norm = self.norm(source, name, k, device)?;
-        let scale_name = format!("{name}.weight_scale");
-        if !source.contains(&scale_name) {
-            let linear: Linear<B> = float_linear(source, name, shape, device)?;
-            let weight = TernaryWeight::quantize(linear.weight.val().transpose(), n);
-            return Ok(TernaryLinear::from_weight(weight, linear.bias.map(|b| b.val()), norm));
-        }
-        let path = source.origin().to_path_buf();
-        let scale = self.scale(source.stored(&scale_name), &scale_name, &path)?;
         let weight_name = format!("{name}.weight");
-        let stored = source.stored(&weight_name).ok_or_else(|| LoadError::tensor(&path, &weight_name, "missing from the checkpoint"))?;
-        let packed_shape = [n.div_ceil(4), k];
-        if stored.dtype != StoredDtype::U8 || stored.shape != packed_shape {
-            return Err(LoadError::tensor(&path, &weight_name, format!("stored {:?} {:?}; a packed ternary weight is U8 {packed_shape:?}", stored.dtype, stored.shape)));
-        }
-        let matrix = TernaryMatrix::from_hf(stored.bytes, n, k, scale).map_err(|e| LoadError::tensor(&path, &weight_name, e.to_string()))?;
+        let matrix = match source.ternary(&weight_name, n, k) {
+            Some(matrix) => matrix?,
+            None if source.contains(&format!("{name}.weight_scale")) => self.hf_packed(source, name, n, k)?,
+            None => {
+                let linear: Linear<B> = float_linear(source, name, shape, device)?;
+                let weight = TernaryWeight::quantize(linear.weight.val().transpose(), n);
+                return Ok(TernaryLinear::from_weight(weight, linear.bias.map(|b| b.val()), norm));
+            }
+        };
         let bias = bias.then(|| source.param::<B, 1>(&format!("{name}.bias"), [n], ParamKind::Bias, device)).transpose()?;
         Ok(TernaryLinear::from_weight(TernaryWeight::from_host(&matrix, device), bias, norm))
     }

@@ -401,6 +401,7 @@ fn decoder_fields_from_llama_metadata() {
         .u32("llama.rope.dimension_count", 16)
         .str("llama.rope.scaling.type", "linear")
         .f32("llama.rope.scaling.factor", 2.0)
+        .str("llama.hidden_activation", "silu")
         .u32("tokenizer.ggml.bos_token_id", 0)
         .str_array("tokenizer.ggml.tokens", &["a", "b", "c"])
         .f32_tensor("rope_freqs.weight", &[8], &[1.0; 8]);
@@ -423,6 +424,7 @@ fn decoder_fields_from_llama_metadata() {
             rope_dimension_count: Some(16),
             rope_scaling: Some(RopeScaling { kind: "linear".into(), factor: Some(2.0), original_context_length: None }),
             sliding_window: None,
+            hidden_activation: Some("silu".into()),
             vocab_size: 3,
             bos_token_id: Some(0),
             eos_token_id: None,
@@ -472,6 +474,9 @@ fn hf_names_map_to_gguf_names() {
         ("model.layers.3.self_attn.o_proj.weight", Some("blk.3.attn_output.weight")),
         ("model.layers.1.self_attn.q_norm.weight", Some("blk.1.attn_q_norm.weight")),
         ("model.layers.1.self_attn.k_norm.weight", Some("blk.1.attn_k_norm.weight")),
+        ("model.layers.1.self_attn.attn_sub_norm.weight", Some("blk.1.attn_sub_norm.weight")),
+        ("model.layers.0.mlp.ffn_sub_norm.weight", Some("blk.0.ffn_sub_norm.weight")),
+        ("model.layers.0.mlp.ffn_sub_norm.bias", None),
         ("model.layers.1.mlp.gate_proj.weight", Some("blk.1.ffn_gate.weight")),
         ("model.layers.1.mlp.up_proj.weight", Some("blk.1.ffn_up.weight")),
         ("model.layers.1.mlp.down_proj.bias", Some("blk.1.ffn_down.bias")),
