@@ -1,8 +1,10 @@
 //! `kiln`: run HF Llama/Qwen/Mistral checkpoints on kiln's kernels.
 //!
-//! - `kiln generate --model DIR --prompt TEXT [--chat] [--nf4]` streams the continuation and ends
-//!   with prefill and decode tokens/s. A checkpoint saved with bitsandbytes 4-bit weights runs in
-//!   4 bits; `--nf4` quantizes a float one to NF4 while loading.
+//! - `kiln generate --model DIR --prompt TEXT [--chat] [--nf4 | --ternary]` streams the
+//!   continuation and ends with prefill and decode tokens/s. A checkpoint saved with bitsandbytes
+//!   4-bit weights runs in 4 bits, a BitNet one (HF's packed `BitNetForCausalLM`, llama.cpp's
+//!   `bitnet` GGUF) on packed ternary weights; `--nf4` / `--ternary` quantize a float one while
+//!   loading.
 //! - `kiln info DIR` prints the config, the parameter count and the memory it needs.
 
 use std::io::Write;
@@ -21,7 +23,10 @@ use kiln_models::model::build::check_all_used;
 use kiln_models::model::{Decoder, Projection};
 use kiln_models::runtime::{OnBackend, dispatch};
 use kiln_models::tokenizer::TextStream;
-use kiln_models::{GenerationConfig, LoadOptions, MakeLinear, MapFloat, Message, Nf4Maker, Nf4Options, SamplingConfig, Tokenizer, build_with, load, load_nf4};
+use kiln_models::{
+    GenerationConfig, LoadOptions, MakeLinear, MapFloat, Message, Nf4Maker, Nf4Options, SamplingConfig, TernaryMaker, Tokenizer, build_with, load,
+    load_bitnet, load_nf4,
+};
 
 #[derive(Parser)]
 #[command(name = "kiln", about = "Run HF Llama, Qwen and Mistral checkpoints on kiln's fused kernels")]
@@ -97,8 +102,12 @@ struct GenerateArgs {
     dtype: Option<Dtype>,
     /// Quantize the attention and MLP linears to NF4 while loading (QLoRA's format: block 64,
     /// double quantization). Checkpoints stored in 4 bits by bitsandbytes load in 4 bits anyway.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "ternary")]
     nf4: bool,
+    /// Quantize the attention and MLP linears to BitNet b1.58 ternary weights (one scale a
+    /// tensor; W2A8 products) while loading. BitNet checkpoints load packed anyway.
+    #[arg(long)]
+    ternary: bool,
     /// Decode op by op through Burn, without replaying the step from a CUDA graph (greedy
     /// decoding on CUDA replays by default).
     #[arg(long)]
@@ -173,15 +182,26 @@ impl OnBackend for GenerateArgs {
         .map_err(|e| e.to_string())?;
         let options = LoadOptions { dtype, max_positions: Some(prompt.len() + self.max_new_tokens) };
         let err = |e: kiln_models::LoadError| e.to_string();
-        if gguf.is_some() {
-            return match self.nf4 {
-                true => self.stream(&load_nf4::<B>(&self.model, &options, Nf4Options::default(), &device).map_err(err)?.1, &tokenizer, &prompt),
-                false => self.stream(&load::<B>(&self.model, &options, &device).map_err(err)?.1, &tokenizer, &prompt),
+        if let Some(file) = &gguf {
+            let bitnet = file.str("general.architecture").map_err(err)? == "bitnet";
+            if bitnet && self.nf4 {
+                return Err("a bitnet GGUF holds ternary weights: --nf4 does not apply".into());
+            }
+            return match (self.nf4, self.ternary || bitnet) {
+                (true, _) => self.stream(&load_nf4::<B>(&self.model, &options, Nf4Options::default(), &device).map_err(err)?.1, &tokenizer, &prompt),
+                (_, true) => self.stream(&load_bitnet::<B>(&self.model, &options, &device).map_err(err)?.1, &tokenizer, &prompt),
+                _ => self.stream(&load::<B>(&self.model, &options, &device).map_err(err)?.1, &tokenizer, &prompt),
             };
         }
         let source = SafetensorsSource::open(&self.model, dtype).map_err(err)?;
         let stores_4bit = source.names().any(kiln::ops::nf4::bnb::is_state);
-        if self.nf4 || stores_4bit {
+        let stores_ternary = source.names().any(|n| n.ends_with(".weight_scale"));
+        if self.ternary || stores_ternary {
+            eprintln!("kiln: ternary linears ({})", if stores_ternary { "as stored, packed" } else { "BitNet b1.58, quantized while loading" });
+            let mut maker = TernaryMaker::from_config(&self.model).map_err(err)?;
+            let model = load_with_progress::<B, _>(&self.model, source, &options, &device, &mut maker)?;
+            self.stream(&model, &tokenizer, &prompt)
+        } else if self.nf4 || stores_4bit {
             eprintln!("kiln: 4-bit linears ({})", if stores_4bit { "as stored by bitsandbytes" } else { "NF4, quantized while loading" });
             let model = load_with_progress::<B, _>(&self.model, source, &options, &device, &mut Nf4Maker::default())?;
             self.stream(&model, &tokenizer, &prompt)
