@@ -23,8 +23,30 @@ pub(crate) fn empty_like_device<R: CubeRuntime>(
 }
 
 /// The tensor in dense row-major layout (a no-op when it already is).
+///
+/// An axis of size 1 may carry any stride, as no index multiplies it: CubeCL's CUDA runtime pads
+/// the rows of the 2-D tensors Burn's ops allocate to 512 bytes, so a `[1, 3200]` bf16 activation
+/// has row stride 3328, and copying it took ~110 µs of host time a call (H100, `RESULTS.md`
+/// 2026-11-26). Such a tensor is relabelled, not copied.
 pub(crate) fn dense<R: CubeRuntime>(tensor: CubeTensor<R>) -> CubeTensor<R> {
-    into_contiguous(tensor)
+    if tensor.is_contiguous() || tensor.qparams.is_some() || !dense_but_for_unit_axes(tensor.meta.shape(), tensor.meta.strides()) {
+        return into_contiguous(tensor);
+    }
+    let (shape, handle) = (tensor.meta.shape().clone(), tensor.handle.clone());
+    CubeTensor::new_contiguous(tensor.client, tensor.device, shape, handle, tensor.dtype)
+}
+
+/// Whether `strides` lay `shape` out densely in row-major order, the strides of axes of size 1
+/// aside.
+fn dense_but_for_unit_axes(shape: &[usize], strides: &[usize]) -> bool {
+    let mut expected = 1;
+    for (&size, &stride) in shape.iter().zip(strides).rev() {
+        if size != 1 && stride != expected {
+            return false;
+        }
+        expected *= size;
+    }
+    true
 }
 
 /// The tensor with a unit stride on its last axis, other strides left as they are (rotary ops read
@@ -122,5 +144,22 @@ pub(crate) mod cuda {
             };
             Some((major, minor))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dense_but_for_unit_axes;
+
+    #[test]
+    fn unit_axes_may_carry_any_stride() {
+        // A pitched single row (CUDA pads rows to 512 bytes) is dense; two pitched rows are not.
+        assert!(dense_but_for_unit_axes(&[1, 3200], &[3328, 1]));
+        assert!(!dense_but_for_unit_axes(&[2, 3200], &[3328, 1]));
+        assert!(dense_but_for_unit_axes(&[2, 1, 5], &[5, 99, 1]));
+        assert!(dense_but_for_unit_axes(&[2, 3], &[3, 1]));
+        // Transposed, or a last axis that skips elements.
+        assert!(!dense_but_for_unit_axes(&[3, 2], &[1, 3]));
+        assert!(!dense_but_for_unit_axes(&[1, 4], &[8, 2]));
     }
 }
