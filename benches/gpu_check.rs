@@ -83,6 +83,12 @@ fn parity(device: &CudaDevice, filter: &str) -> bool {
         for case in nf4::parity_cases() {
             report(format!("nf4 {case:?} {dtype:?}"), &|| run_check(&case, device, dtype));
         }
+        if dtype == DType::BF16 {
+            // f16 activations take the tensor-core GEMV too (f16 MMA).
+            for case in nf4::parity_cases() {
+                report(format!("nf4 {case:?} F16"), &|| run_check(&case, device, DType::F16));
+            }
+        }
         for case in lora::parity_cases() {
             report(format!("lora {case:?} {dtype:?}"), &|| run_check(&case, device, dtype));
         }
@@ -581,6 +587,9 @@ fn main() {
     }
     if mode == "gemm-skinny-kernels" {
         gemm::skinny_kernels(&device, std::env::args().nth(2).and_then(|a| a.parse().ok()).unwrap_or(1));
+    }
+    if mode == "nf4" || mode == "nf4-gemv-parity" || mode == "all" {
+        ok &= nf4::gemv_parity(&device);
     }
     if mode == "nf4" || mode == "all" {
         ok &= nf4::exact_quantization(&device);

@@ -11,7 +11,7 @@ use burn_cubecl::CubeBackend;
 use cubecl::cuda::CudaRuntime;
 use kiln::ops::{self, nf4::{Packed4, QuantType, Quantized4}};
 
-use super::common::checks::Nf4Case;
+use super::common::{self, checks::Nf4Case};
 use super::{B, bf16};
 
 type Cube = CubeBackend<CudaRuntime, f32, i32, u8>;
@@ -30,7 +30,52 @@ pub fn parity_cases() -> Vec<Nf4Case> {
         case(17, 520, 96, QuantType::Nf4, 64, true, 4),
         case(512, 1024, 257, QuantType::Nf4, 4096, false, 5),
         case(2, 100, 9, QuantType::Nf4, 32, false, 6),
+        // Half-precision rows of these take the tensor-core GEMV on CUDA: ragged `n`, plain and
+        // nested scales, blocks of 64 and 256, one span.
+        case(5, 1152, 37, QuantType::Nf4, 64, false, 7),
+        case(4, 768, 16, QuantType::Nf4, 256, true, 8),
+        case(7, 4096, 1000, QuantType::Fp4, 64, true, 9),
+        case(1, 64, 1, QuantType::Nf4, 64, false, 10),
     ]
+}
+
+/// The GEMV alone in half precision (on CUDA the tensor-core kernel where the shape allows,
+/// the portable one elsewhere), forward, against an f64 oracle of the same dequantized weight,
+/// with dequantize + Burn's matmul in the same dtype as the reference path for the error rule.
+/// The parity mode's autodiff cases take about a minute each on the H100 (the reference path's
+/// kernels compile per shape); this takes seconds, so every GEMV case runs in f16 and bf16.
+pub fn gemv_parity(device: &CudaDevice) -> bool {
+    let mut ok = true;
+    for case in parity_cases().into_iter().filter(|c| c.m <= kiln_kernels::nf4::mma::MMA_MAX_ROWS) {
+        let packed = case.packed();
+        let w: Vec<f64> = packed.dequantize().into_iter().map(f64::from).collect();
+        let q = Quantized4::<Cube>::from_host(&packed, device).unwrap();
+        let (m, k, n) = (case.m, case.k, case.n);
+        for dtype in [DType::BF16, DType::F16] {
+            let x = common::tensor::<Cube, 2>(&common::random(&[m, k], case.seed), dtype, device);
+            let xs = common::values(x.clone());
+            common::poison::<Cube>(device, m * n, dtype);
+            let y = common::values(ops::matmul_4bit(x.clone(), &q));
+            let dense: Tensor<Cube, 2> = common::checks::wrap(ops::nf4::reference::dequantize::<Cube>(q.primitive(), dtype));
+            let r = common::values(x.matmul(dense.transpose()));
+            let oracle: Vec<f64> = (0..m * n).map(|i| (0..k).map(|j| xs[i / n * k + j] * w[i % n * k + j]).sum()).collect();
+            let c = common::compare("y", &y, &r, &oracle, dtype, k as f64);
+            // Both sides sum in f32 and round once to the output dtype, so the harness's rounding
+            // term (which grows with √k: 4 · u · max|y| · 64 at k = 4096 in bf16, the size of the
+            // outputs themselves) would pass a wrongly permuted product; the bound here allows
+            // twice the reference's error plus four output roundings.
+            let bound = 2.0 * c.reference_err + 4.0 * common::unit_roundoff(dtype) * c.scale;
+            let pass = c.kernel_err.is_finite() && c.kernel_err <= bound;
+            println!(
+                "parity nf4 gemv {case:?} {dtype:?} kernel_err {:.3e} ref_err {:.3e} bound {bound:.3e} {}",
+                c.kernel_err,
+                c.reference_err,
+                if pass { "ok" } else { "FAIL" }
+            );
+            ok &= pass;
+        }
+    }
+    ok
 }
 
 /// The quantization kernel's codes and scales equal the host format's at Llama sizes (bf16 and
@@ -74,7 +119,9 @@ fn weight<BK: burn::tensor::backend::Backend<Device = CudaDevice> + ops::nf4::Nf
 /// `CubeBackend`, calls enqueued behind busy work), bytes of the 4-bit weight read per product,
 /// next to kiln's bf16 GEMV on the same shapes.
 pub fn bench_gemv(device: &CudaDevice) {
-    for (k, n) in GEMV {
+    // `KILN_NF4_SHAPES=28672x8192,..` picks shapes (`n`x`k`), for profiling.
+    let only = std::env::var("KILN_NF4_SHAPES").ok();
+    for (k, n) in GEMV.into_iter().filter(|(k, n)| only.as_deref().is_none_or(|o| o.split(',').any(|s| s == format!("{n}x{k}")))) {
         let w = weight::<B>(k, n, device);
         let wc = weight::<Cube>(k, n, device);
         let dense = bf16::<B, 2>([k, n], device);

@@ -6,7 +6,8 @@ of kiln's `nf4-bench` mode (benches/gpu_check/nf4.rs), in the same call:
     dequantize + matmul for more;
   * prefill products at M = 512, 2048, 8192;
   * a QLoRA step's base layer, forward + input gradient, 4096 tokens, 4096 -> 11008.
-Prints lines starting with `peer nf4`."""
+Arguments pick the parts (`gemv`, `prefill`, `qlora`; all by default). Prints lines starting with
+`peer nf4`."""
 import os, sys
 
 import torch
@@ -79,6 +80,6 @@ def qlora_step():
 
 if __name__ == "__main__":
     print("peer nf4 versions: torch", torch.__version__, "bitsandbytes", bnb.__version__, flush=True)
-    gemv()
-    prefill()
-    qlora_step()
+    parts = {"gemv": gemv, "prefill": prefill, "qlora": qlora_step}
+    for name in sys.argv[1:] or parts:
+        parts[name]()

@@ -17,6 +17,15 @@ use cubecl::server::{Binding, KernelArguments, MetadataBindingInfo};
 use cubecl::{CompilationError, Compiler, CubeTask};
 use cubecl_cpp::shared::{Body, ComputeKernel, Elem, Flags, Item, SharedMemory};
 
+/// Element type of a CUDA C++ kernel's float inputs and outputs, as its `KILN_*_KIND` defines
+/// number them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FloatKind {
+    F32 = 0,
+    F16 = 1,
+    Bf16 = 2,
+}
+
 /// One compiled variant of a CUDA C++ kernel: what distinguishes it from other variants, and
 /// how to produce its source (called once per variant, on a cache miss).
 pub struct CudaSourceKernel {

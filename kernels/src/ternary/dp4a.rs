@@ -8,20 +8,12 @@ use cubecl::prelude::*;
 use cubecl::server::Binding;
 
 use super::{GEMV_MAX_ROWS, MAX_K, ROW_GRANULE};
-use crate::cuda_source::{CudaSourceKernel, fingerprint};
+use crate::cuda_source::{CudaSourceKernel, FloatKind, fingerprint};
 
 const SOURCE: &str = include_str!("gemv.cu");
 const FINGERPRINT: u64 = fingerprint(&[SOURCE]);
 /// Threads per cube.
 const CUBE_THREADS: usize = 256;
-
-/// Element type of the GEMV's float input (fused entry) and output.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FloatKind {
-    F32 = 0,
-    F16 = 1,
-    Bf16 = 2,
-}
 
 /// Threads sharing a weight row and output features per thread for `rows` activation rows and
 /// weight rows of `kv` 16-byte vectors: about two vectors per thread along the row, at most a

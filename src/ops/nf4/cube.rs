@@ -1,6 +1,7 @@
 //! 4-bit weights on CubeCL backends: quantization and dequantization kernels, the GEMV for few
-//! activation rows, and dequantize-then-GEMM (kiln's `gemm`: cuBLASLt on CUDA) for more rows
-//! and for the input gradient.
+//! activation rows (on CUDA's tensor cores for f16/bf16, the portable kernel elsewhere), and
+//! dequantize-then-GEMM (kiln's `gemm`: cuBLASLt on CUDA) for more rows and for the input
+//! gradient.
 
 use burn::tensor::{DType, Shape, TensorData, TensorMetadata, ops::{FloatTensor, FloatTensorOps}};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement, tensor::CubeTensor};
@@ -54,6 +55,10 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> Nf4Backend
 
     fn matmul_4bit(x: FloatTensor<Self>, weight: Quantized4Primitive<Self>) -> FloatTensor<Self> {
         let (m, k, l) = (x.shape()[0], x.shape()[1], weight.layout);
+        #[cfg(feature = "cuda")]
+        if let Some(kind) = mma::takes(&x, weight.layout) {
+            return mma::gemv(kind, dense(x), &dense_parts::<R, F, I, BT>(weight));
+        }
         if !gemv_fits(m, k) {
             let dtype = x.dtype;
             let w = Self::dequantize_4bit(weight, dtype);
@@ -117,4 +122,54 @@ fn scale_args<R: CubeRuntime>(weight: &Weight<R>) -> ScaleArgs<R> {
 fn host_floats<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(values: &[f32], like: &CubeTensor<R>) -> CubeTensor<R> {
     let data = TensorData::new(values.to_vec(), [values.len()]);
     CubeBackend::<R, F, I, BT>::float_from_data(data, &like.device)
+}
+
+/// The tensor-core GEMV for half-precision activations on CUDA (`kiln_kernels::nf4::mma`).
+#[cfg(feature = "cuda")]
+mod mma {
+    use burn::tensor::{DType, TensorMetadata};
+    use burn_cubecl::{CubeRuntime, tensor::CubeTensor};
+    use kiln_kernels::cuda_source::FloatKind;
+    use kiln_kernels::nf4::mma::{MmaArgs, enabled, launch_gemv_mma, mma_fits};
+
+    use super::{Layout4, Scales, Weight};
+    use crate::backend::cube::cuda::{self, binding};
+    use crate::backend::cube::empty_like_device;
+
+    /// The element kind, if the kernel takes `x · Wᵀ`: `x` f16 or bf16 on a CUDA device of
+    /// compute capability 8.0 or up (bf16 MMA), its buffer 16-byte aligned (making it dense keeps
+    /// the offset or copies into a fresh, aligned buffer), a shape that [`mma_fits`], and the
+    /// kernel [`enabled`].
+    pub(super) fn takes<R: CubeRuntime>(x: &CubeTensor<R>, l: Layout4) -> Option<FloatKind> {
+        let kind = match x.dtype {
+            DType::F16 => FloatKind::F16,
+            DType::BF16 => FloatKind::Bf16,
+            _ => return None,
+        };
+        let aligned = x.handle.offset_start.unwrap_or(0).is_multiple_of(16);
+        (enabled() && aligned && mma_fits(kind, x.shape()[0], l.n, l.k, l.block) && cuda::client(x).is_some() && cuda::capable(x, (8, 0))).then_some(kind)
+    }
+
+    /// Enqueues the product of a dense `x` (see [`takes`]) with `weight`.
+    pub(super) fn gemv<R: CubeRuntime>(kind: FloatKind, x: CubeTensor<R>, weight: &Weight<R>) -> CubeTensor<R> {
+        let client = cuda::client(&x).expect("`takes` checked the runtime");
+        let (m, l) = (x.shape()[0], weight.layout);
+        let out = empty_like_device(&x, [m, l.n], x.dtype);
+        let (absmax, absmax_codes, nested_code, offset, nested) = match &weight.scales {
+            Scales::Absmax(a) => (a, a, a, a, false),
+            Scales::Nested { codes, code, absmax, offset } => (absmax, codes, code, offset, true),
+        };
+        let args = MmaArgs {
+            x: binding(&x),
+            words: binding(&weight.words),
+            code: binding(&weight.code),
+            absmax: binding(absmax),
+            absmax_codes: binding(absmax_codes),
+            nested_code: binding(nested_code),
+            offset: binding(offset),
+            out: binding(&out),
+        };
+        launch_gemv_mma(client, kind, m, l.n, l.k, l.block, nested, args);
+        out
+    }
 }

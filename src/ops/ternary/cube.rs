@@ -224,7 +224,8 @@ mod dp4a {
     use burn_cubecl::{CubeRuntime, tensor::CubeTensor};
     use cubecl::cuda::CudaRuntime;
     use cubecl::prelude::ComputeClient;
-    use kiln_kernels::ternary::dp4a::{FloatKind, FusedArgs, GemvArgs, launch_gemv, launch_gemv_fused};
+    use kiln_kernels::cuda_source::FloatKind;
+    use kiln_kernels::ternary::dp4a::{FusedArgs, GemvArgs, launch_gemv, launch_gemv_fused};
 
     use super::Weight;
     use crate::backend::cube::cuda::{self, binding};

@@ -11,6 +11,12 @@
 //!
 //! Blocks are multiples of 32 elements, so a word, and a vector of up to four words starting at
 //! a multiple of its size, never straddles two blocks.
+//!
+//! The portable GEMV here serves every runtime; on CUDA [`mma`] runs half-precision products
+//! of up to eight rows on the tensor cores.
+
+#[cfg(feature = "cuda")]
+pub mod mma;
 
 use cubecl::prelude::*;
 
