@@ -367,7 +367,9 @@ pub fn launch_dequantize<R: Runtime>(
     }
 }
 
-/// The most activation rows the 4-bit GEMV takes; more go through dequantization and a GEMM.
+/// The most activation rows the portable 4-bit GEMV takes; more go through dequantization and a
+/// GEMM (on CUDA, half-precision products of up to `mma::MMA_MAX_ROWS` rows take the
+/// tensor-core GEMV first).
 /// The GEMV's time grows with the rows (each row's products are its own FMAs and activation
 /// loads), dequantize + GEMM's hardly does: on the H100 at 8192 → 28672 the GEMV took 98.5 µs at
 /// one row and 568 µs at eight, the dequantize + GEMM route ~360 µs (`benches/RESULTS.md`,
