@@ -83,12 +83,6 @@ fn parity(device: &CudaDevice, filter: &str) -> bool {
         for case in nf4::parity_cases() {
             report(format!("nf4 {case:?} {dtype:?}"), &|| run_check(&case, device, dtype));
         }
-        if dtype == DType::BF16 {
-            // f16 activations take the tensor-core GEMV too (f16 MMA).
-            for case in nf4::parity_cases() {
-                report(format!("nf4 {case:?} F16"), &|| run_check(&case, device, DType::F16));
-            }
-        }
         for case in lora::parity_cases() {
             report(format!("lora {case:?} {dtype:?}"), &|| run_check(&case, device, dtype));
         }

@@ -98,23 +98,25 @@ fn dense_parts<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
     weight.map(dense_words::<R, F, I, BT>, dense_f32::<R, F, I, BT>)
 }
 
-/// The kernels' scale bindings: plain absmax fills the unread nested slots.
-fn scale_args<R: CubeRuntime>(weight: &Weight<R>) -> ScaleArgs<R> {
+/// The weight's scale tensors in the kernels' order (absmax, the blocks' 8-bit codes, the
+/// nested code book, the offset) and whether they are nested: plain absmax fills the unread
+/// nested slots.
+fn scale_parts<R: CubeRuntime>(weight: &Weight<R>) -> ([&CubeTensor<R>; 4], bool) {
     match &weight.scales {
-        Scales::Absmax(a) => ScaleArgs {
-            absmax: a.clone().into_array_arg(),
-            absmax_codes: a.clone().into_array_arg(),
-            nested_code: a.clone().into_array_arg(),
-            offset: a.clone().into_array_arg(),
-            nested: false,
-        },
-        Scales::Nested { codes, code, absmax, offset } => ScaleArgs {
-            absmax: absmax.clone().into_array_arg(),
-            absmax_codes: codes.clone().into_array_arg(),
-            nested_code: code.clone().into_array_arg(),
-            offset: offset.clone().into_array_arg(),
-            nested: true,
-        },
+        Scales::Absmax(a) => ([a, a, a, a], false),
+        Scales::Nested { codes, code, absmax, offset } => ([absmax, codes, code, offset], true),
+    }
+}
+
+/// The portable kernels' scale bindings.
+fn scale_args<R: CubeRuntime>(weight: &Weight<R>) -> ScaleArgs<R> {
+    let ([absmax, absmax_codes, nested_code, offset], nested) = scale_parts(weight);
+    ScaleArgs {
+        absmax: absmax.clone().into_array_arg(),
+        absmax_codes: absmax_codes.clone().into_array_arg(),
+        nested_code: nested_code.clone().into_array_arg(),
+        offset: offset.clone().into_array_arg(),
+        nested,
     }
 }
 
@@ -132,7 +134,7 @@ mod mma {
     use kiln_kernels::cuda_source::FloatKind;
     use kiln_kernels::nf4::mma::{MmaArgs, enabled, launch_gemv_mma, mma_fits};
 
-    use super::{Layout4, Scales, Weight};
+    use super::{Layout4, Weight, scale_parts};
     use crate::backend::cube::cuda::{self, binding};
     use crate::backend::cube::empty_like_device;
 
@@ -155,10 +157,7 @@ mod mma {
         let client = cuda::client(&x).expect("`takes` checked the runtime");
         let (m, l) = (x.shape()[0], weight.layout);
         let out = empty_like_device(&x, [m, l.n], x.dtype);
-        let (absmax, absmax_codes, nested_code, offset, nested) = match &weight.scales {
-            Scales::Absmax(a) => (a, a, a, a, false),
-            Scales::Nested { codes, code, absmax, offset } => (absmax, codes, code, offset, true),
-        };
+        let ([absmax, absmax_codes, nested_code, offset], nested) = scale_parts(weight);
         let args = MmaArgs {
             x: binding(&x),
             words: binding(&weight.words),
