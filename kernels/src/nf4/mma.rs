@@ -21,8 +21,9 @@ const SPAN: usize = 64;
 const TILE: usize = 16;
 /// The table of byte → two half-precision codes, one copy per lane.
 const TABLE_BYTES: usize = 256 * 32 * 4;
-/// Warps resident per SM that the grid allows (the kernel's register budget follows: 85 a
-/// thread).
+/// Warps resident per SM that the grid allows at most; shared memory often allows fewer (two
+/// cubes of eight warps at the default tiling). The cubes resident set `__launch_bounds__`'
+/// minimum, so the register budget follows them (128 a thread at two such cubes).
 const WARPS_PER_SM: usize = 24;
 
 /// Whether the tensor-core GEMV may run: `KILN_NF4_MMA=0` leaves products to the portable kernel
