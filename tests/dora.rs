@@ -3,7 +3,7 @@
 //! 4-bit bases, rsLoRA, bias, dropout) against PEFT's dense formula with every gradient; a fresh
 //! DoRA layer equals its base; merge/unmerge; training touches only `A`, `B` and `m`.
 
-mod common;
+use crate::common;
 
 use burn::backend::{Autodiff, NdArray};
 use burn::module::{AutodiffModule, Param};

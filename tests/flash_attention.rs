@@ -3,7 +3,7 @@
 //! no key, very large logits, split-KV decoding, f32/f16 on wgpu; and the tensor-core kernels
 //! expanded (not run) for every variant.
 
-mod common;
+use crate::common;
 
 use burn::backend::{Autodiff, NdArray};
 use burn::tensor::{DType, Tensor, s};

@@ -3,7 +3,7 @@
 //! and 4-bit bases (starts equal to its base, frozen base, merge/unmerge, training touches only
 //! the adapter).
 
-mod common;
+use crate::common;
 
 use burn::backend::{Autodiff, NdArray};
 use burn::module::AutodiffModule;

@@ -2,7 +2,7 @@
 //! forward and every gradient, ragged shapes, transposed views, a shared right operand; and the
 //! CubeCL half of the cuBLASLt stream handshake (its CUDA half runs in the GPU check).
 
-mod common;
+use crate::common;
 
 use burn::backend::{Autodiff, NdArray};
 use burn::tensor::{DType, Tensor};

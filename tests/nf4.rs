@@ -2,7 +2,7 @@
 //! `tests/fixtures/nf4/make_nf4.py`), the kernels against the host format (exact), and the 4-bit
 //! product and its input gradient against the reference (DEVELOPERS.md's error rule).
 
-mod common;
+use crate::common;
 
 use burn::backend::{Autodiff, NdArray};
 use burn::tensor::{DType, Tensor, TensorData};

@@ -1,7 +1,7 @@
 //! Fused RMSNorm (+ residual) vs its reference: forward and every gradient, ragged shapes,
 //! f32 and f16 on wgpu (lavapipe in CI), and through `Autodiff<NdArray>`.
 
-mod common;
+use crate::common;
 
 use burn::backend::{Autodiff, NdArray};
 use burn::tensor::{DType, Tensor};

@@ -1,7 +1,7 @@
 //! Fused QK-norm + RoPE vs the unfused reference: q/k outputs and dq, dk, dγ_q, dγ_k, with GQA
 //! head ratios, ragged sequence lengths, offsets, transposed views, f32/f16.
 
-mod common;
+use crate::common;
 
 use burn::backend::{Autodiff, NdArray};
 use burn::tensor::{DType, Tensor};

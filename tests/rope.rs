@@ -1,7 +1,7 @@
 //! RoPE vs its reference: forward and gradient, ragged seq/heads, head_dim 2..128, position
 //! offsets (KV-cache decoding), transposed-view inputs, Llama 3.1 frequency scaling, f32/f16.
 
-mod common;
+use crate::common;
 
 use burn::backend::{Autodiff, NdArray};
 use burn::tensor::{DType, Tensor};

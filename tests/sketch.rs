@@ -2,7 +2,7 @@
 //! error bound, the kernels (wgpu) and the reference (NdArray) against the host bit for bit, and
 //! the sketched AdamW: exact AdamW at ratio 1, compressed state, and training that converges.
 
-mod common;
+use crate::common;
 
 use burn::backend::{Autodiff, NdArray, Wgpu};
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer, SimpleOptimizer};

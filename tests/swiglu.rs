@@ -1,6 +1,6 @@
 //! SwiGLU, GeGLU and the squared-ReLU GLU vs their references: forward and both gradients, ragged lengths, f32/f16.
 
-mod common;
+use crate::common;
 
 use burn::backend::{Autodiff, NdArray};
 use burn::tensor::{DType, Tensor};

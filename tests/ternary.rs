@@ -2,7 +2,7 @@
 //! (NdArray) against the host definition, exact on the integer paths; the straight-through
 //! gradients; the layers (QAT training, packing for inference, records); named errors.
 
-mod common;
+use crate::common;
 
 use burn::backend::{Autodiff, NdArray};
 use burn::module::{AutodiffModule, Module};

@@ -2,7 +2,7 @@
 //! laws (proptest), then every device op against the host definition with integer equality, on
 //! wgpu (CubeCL kernels through fusion) and NdArray (the reference in Burn ops).
 
-mod common;
+use crate::common;
 
 use burn::backend::{Autodiff, NdArray, Wgpu};
 use burn::tensor::{Tensor, TensorData};

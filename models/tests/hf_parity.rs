@@ -7,8 +7,7 @@
 //! f32 reference path's error plus rounding. Greedy generation with the KV cache must reproduce
 //! transformers' 32 greedy tokens (computed without a cache) exactly.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

@@ -3,8 +3,7 @@
 //! `tests/fixtures/lora/make_lora.py`), and damaged adapter files refused with the file and the
 //! tensor or field named.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 
