@@ -33,8 +33,9 @@ pub fn enabled() -> bool {
 }
 
 /// Whether the kernel takes a product of `rows` rows with a `[n, k]` weight in blocks of
-/// `block`: half-precision activations, whole spans, and blocks that are whole spans dividing the
-/// rows (so no span straddles two scales and every row starts a block).
+/// `block`: half-precision activations, whole spans, and blocks that are power-of-two spans
+/// dividing the rows (no span straddles two scales, every row starts a block, and a span's block
+/// is a shift away).
 pub fn mma_fits(kind: FloatKind, rows: usize, n: usize, k: usize, block: usize) -> bool {
     kind != FloatKind::F32
         && (1..=MMA_MAX_ROWS).contains(&rows)
@@ -42,7 +43,7 @@ pub fn mma_fits(kind: FloatKind, rows: usize, n: usize, k: usize, block: usize) 
         && n.div_ceil(TILE) <= u32::MAX as usize
         && k <= u32::MAX as usize
         && block.is_multiple_of(SPAN)
-        && block > 0
+        && block.is_power_of_two()
         && k.is_multiple_of(block)
         && k > 0
 }
