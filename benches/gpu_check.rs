@@ -602,7 +602,7 @@ fn main() {
     if mode == "lora-bench" || mode == "bench" || mode == "all" {
         lora::bench_steps(&device);
     }
-    if mode == "ternary" || mode == "all" {
+    if mode == "ternary" || mode == "ternary-parity" || mode == "all" {
         ok &= ternary::parity(&device);
     }
     if mode == "ternary" || mode == "ternary-bench" || mode == "bench" || mode == "all" {

@@ -15,20 +15,36 @@ const FINGERPRINT: u64 = fingerprint(&[SOURCE]);
 /// Threads per cube.
 const CUBE_THREADS: usize = 256;
 
-/// Threads sharing a weight row and output features per thread for `rows` activation rows and
-/// weight rows of `kv` 16-byte vectors: about two vectors per thread along the row, at most a
-/// warp. Each activation load serves a thread's features, so more rows take more features (H100:
-/// four features cut 8 rows at 8192 → 28672 from 140 to 102 µs; one row keeps two where `n`
-/// leaves enough threads, `benches/RESULTS.md`).
-fn tiling(rows: usize, n: usize, kv: usize) -> (usize, usize) {
-    let threads = kv.div_ceil(2).next_power_of_two().clamp(4, 32);
-    let threads = crate::measurement_override("KILN_TERNARY_GEMV_THREADS", 1..=32).filter(|t| t.is_power_of_two()).unwrap_or(threads);
-    let features = match rows {
-        1 if n < 4096 => 1,
-        1 => 2,
-        _ => 4,
+/// Threads sharing a weight row and output features per thread for `rows` activation rows against
+/// `n` weight rows of `kv` 16-byte vectors, on a device of `sms` multiprocessors (4 to 32 threads
+/// a row). One row: about four vectors a thread (the power of two at or below `kv / 4`) and two
+/// features a thread, unless that leaves fewer threads than one full cube on every multiprocessor:
+/// then one feature, then twice the threads, until it does not. Against the older rule (about two
+/// vectors a thread; one feature below 4096 features) on the H100, same call: 13824 × 2560 went
+/// from 9.0–9.6 to 6.6–7.7 µs and 28672 × 8192 from 28.8–29.3 to 28.2–28.6; the other BitNet and
+/// Llama shapes moved within the calls' noise. Without the threads floor 2560 × 2560 ran 40
+/// cubes and lost a third (`benches/RESULTS.md`, thirty-second session). More rows keep about
+/// two vectors a thread and take four features, so one activation load serves more weight rows
+/// (8 rows at 8192 → 28672: 140 → 102 µs).
+fn tiling(rows: usize, n: usize, kv: usize, sms: usize) -> (usize, usize) {
+    let (mut threads, mut features) = match rows {
+        1 => (prev_power_of_two(kv / 4).clamp(4, 32), 2),
+        _ => (kv.div_ceil(2).next_power_of_two().clamp(4, 32), 4),
     };
+    while rows == 1 && n.div_ceil(features) * threads < sms * CUBE_THREADS && (features > 1 || threads < 32) {
+        if features > 1 {
+            features = 1;
+        } else {
+            threads *= 2;
+        }
+    }
+    let threads = crate::measurement_override("KILN_TERNARY_GEMV_THREADS", 1..=32).filter(|t| t.is_power_of_two()).unwrap_or(threads);
     (threads, crate::measurement_override("KILN_TERNARY_GEMV_FEATURES", 1..=8).unwrap_or(features))
+}
+
+/// The largest power of two at or below `v` (1 for 0).
+fn prev_power_of_two(v: usize) -> usize {
+    if v == 0 { 1 } else { 1 << v.ilog2() }
 }
 
 fn source(params: &[u32]) -> String {
@@ -37,9 +53,10 @@ fn source(params: &[u32]) -> String {
 }
 
 /// The kernel variant for `rows` activation rows against `[n, k]`, with its tiling.
-fn kernel(entry: &'static str, rows: usize, n: usize, k: usize, kinds: [FloatKind; 2], shared_bytes: usize) -> (CudaSourceKernel, usize, usize) {
+fn kernel(entry: &'static str, client: &ComputeClient<CudaRuntime>, rows: usize, n: usize, k: usize, kinds: [FloatKind; 2], shared_bytes: usize) -> (CudaSourceKernel, usize, usize) {
     assert!((1..=GEMV_MAX_ROWS).contains(&rows) && k <= MAX_K && n < u32::MAX as usize, "kiln ternary dp4a gemv: {rows} rows, [{n}, {k}]");
-    let (threads, features) = tiling(rows, n, k.div_ceil(ROW_GRANULE));
+    let sms = client.properties().hardware.num_streaming_multiprocessors.unwrap_or(132) as usize;
+    let (threads, features) = tiling(rows, n, k.div_ceil(ROW_GRANULE), sms);
     let params = [rows, threads, features, kinds[0] as usize, kinds[1] as usize].map(|p| p as u32);
     let kernel = CudaSourceKernel { entry, key: (FINGERPRINT, params.to_vec()), cube_dim: CubeDim::new_1d(CUBE_THREADS as u32), shared_bytes, source };
     (kernel, threads, features)
@@ -59,7 +76,7 @@ pub struct GemvArgs {
 /// Enqueues `out = acc / (s_x · s_w)` on `client`'s stream.
 #[allow(clippy::too_many_arguments)]
 pub fn launch_gemv(client: &ComputeClient<CudaRuntime>, out_kind: FloatKind, rows: usize, n: usize, k: usize, group: usize, args: GemvArgs) {
-    let (kernel, threads, features) = kernel("kiln_ternary_gemv", rows, n, k, [out_kind, FloatKind::F32], 0);
+    let (kernel, threads, features) = kernel("kiln_ternary_gemv", client, rows, n, k, [out_kind, FloatKind::F32], 0);
     let cubes = CubeCount::Static((n.div_ceil(features) * threads).div_ceil(CUBE_THREADS) as u32, 1, 1);
     let buffers = vec![args.x, args.x_scales, args.x_sums, args.words, args.w_scales, args.out];
     kernel.launch(client, cubes, buffers, &shape_params(n, k, group));
@@ -102,7 +119,7 @@ pub fn launch_gemv_fused(client: &ComputeClient<CudaRuntime>, kinds: [FloatKind;
         return false;
     }
     let [out_kind, in_kind] = kinds;
-    let (kernel, threads, features) = kernel("kiln_ternary_gemv_fused", rows, n, k, [out_kind, in_kind], shared);
+    let (kernel, threads, features) = kernel("kiln_ternary_gemv_fused", client, rows, n, k, [out_kind, in_kind], shared);
     // Every cube quantizes the whole activation once, so the grid is as many cubes as can be
     // resident (by threads and shared memory), each striding over the features.
     let hardware = &client.properties().hardware;
