@@ -15,6 +15,9 @@ import numpy as np
 import cupy as cp
 import torch
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "peers"))
+from gemm import gpu_seconds  # noqa: E402  (CUDA events behind torch.cuda._sleep)
+
 SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ.get("SHAPES", "8192x28672,4096x11008,11008x4096,4096x4096").split(",")]
 ROWS = [int(r) for r in os.environ.get("ROWS", "1,8").split(",")]
 NF4 = [-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
@@ -106,32 +109,16 @@ def reference(d, k, n, rows, xf):
     return xf[:rows].astype(cp.float64) @ W.T
 
 
-def gpu_time(fn, calls=300):
-    fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(3):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(100_000_000)
-        s.record()
-        for _ in range(calls):
-            fn()
-        e.record()
-        torch.cuda.synchronize()
-        samples.append(s.elapsed_time(e) / 1e3 / calls)
-    return sorted(samples)[1]
-
-
 def peers(k, n, rows):
     out = {}
     w = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
     x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-    out["torch"] = gpu_time(lambda: x @ w.t())
+    out["torch"] = gpu_seconds(lambda: x @ w.t())
     try:
         import bitsandbytes as bnb
         import bitsandbytes.functional as F
         q, state = F.quantize_4bit(w, blocksize=64, compress_statistics=True, quant_type="nf4")
-        out["bnb"] = gpu_time(lambda: bnb.matmul_4bit(x, q.t(), quant_state=state))
+        out["bnb"] = gpu_seconds(lambda: bnb.matmul_4bit(x, q.t(), quant_state=state))
     except Exception as err:  # noqa: BLE001
         print("bnb unavailable:", err)
     return out
@@ -177,7 +164,7 @@ def main():
                 same = "" if first is None else (" =" if bool((out == first).all()) else " DIFF")
                 first = out if first is None else first
                 with stream:
-                    t = gpu_time(lambda: v.launch(rows, n, k, bufs, stream))
+                    t = gpu_seconds(lambda: v.launch(rows, n, k, bufs, stream))
                 line += f" | {v.name} {t * 1e6:6.1f} us {mbytes / t / 1e9:5.0f} GB/s err {err:.3g}{same}"
             p = peers(k, n, rows)
             line += " | " + " ".join(f"{a} {b * 1e6:6.1f} us" for a, b in p.items()) + f" | max|ref| {float(cp.abs(ref).max()):.3g}"

@@ -14,6 +14,9 @@ import numpy as np
 import cupy as cp
 import torch
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "peers"))
+from gemm import gpu_seconds  # noqa: E402  (CUDA events behind torch.cuda._sleep)
+
 SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ.get(
     "SHAPES", "2560x2560,13824x2560,2560x6912,3200x10240,20480x3200,11008x4096,28672x8192").split(",")]
 SMS = torch.cuda.get_device_properties(0).multi_processor_count
@@ -63,22 +66,6 @@ def pack(codes, n, kv):
     return words.reshape(n, kv * 4)
 
 
-def gpu_time(fn, calls=300):
-    fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(3):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(100_000_000)
-        s.record()
-        for _ in range(calls):
-            fn()
-        e.record()
-        torch.cuda.synchronize()
-        samples.append(s.elapsed_time(e) / 1e3 / calls)
-    return sorted(samples)[1]
-
-
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     paths = sys.argv[1:] or [os.path.join(here, "..", "..", "kernels", "src", "ternary", "gemv.cu")]
@@ -111,10 +98,10 @@ def main():
             stream.synchronize()
             bad = int((cp.asnumpy(out[0]) != ref_bf).sum())
             with stream:
-                t = gpu_time(lambda: v.launch(n, k, bufs, stream))
+                t = gpu_seconds(lambda: v.launch(n, k, bufs, stream))
             line += f" | {v.name} {t * 1e6:5.1f} us {w_bytes / t / 1e9:5.0f} GB/s {'exact' if bad == 0 else f'{bad} WRONG'}"
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-        tt = gpu_time(lambda: xt @ w.t())
+        tt = gpu_seconds(lambda: xt @ w.t())
         line += f" | torch {tt * 1e6:5.1f} us"
         print(line, flush=True)
         del w
