@@ -62,13 +62,23 @@ impl GgufSource {
             ref other => Err(LoadError::tensor(self.file.path(), &name, format!("expected one finite nonzero value, found {other:?}"))),
         }
     }
+
+    /// The tensor `stored_name` as f32 (its dims, innermost first), times its `.scale` if the
+    /// file has one: BitNet's GGUF files store a ternary weight and its scale apart.
+    fn scaled_f32(&self, stored_name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
+        let (dims, mut values) = self.file.tensor_f32(stored_name)?;
+        if let Some(scale) = self.weight_scale(stored_name)? {
+            values.iter_mut().for_each(|v| *v *= scale);
+        }
+        Ok((dims, values))
+    }
 }
 
 impl ParamSource for GgufSource {
     fn param<B: Backend, const D: usize>(&mut self, name: &str, shape: [usize; D], kind: ParamKind, device: &B::Device) -> Result<Tensor<B, D>> {
         let path = self.file.path().to_path_buf();
         let stored_name = gguf_tensor_name(name).ok_or_else(|| LoadError::tensor(&path, name, "has no GGUF name"))?;
-        let (dims, mut data) = self.file.tensor_f32(&stored_name)?;
+        let (dims, mut data) = self.scaled_f32(&stored_name)?;
         // GGUF lists dims innermost first: HF's [out, in] is [in, out] there.
         let hf_shape: Vec<usize> = if kind == ParamKind::Linear { shape.iter().rev().copied().collect() } else { shape.to_vec() };
         let stored: Vec<usize> = dims.iter().rev().copied().collect();
@@ -82,9 +92,6 @@ impl ParamSource for GgufSource {
                 data = unpermute_qk(&data, rows, cols, n_head)
                     .ok_or_else(|| LoadError::tensor(&path, &stored_name, format!("{rows} rows do not split into {n_head} rotary heads")))?;
             }
-        }
-        if let Some(scale) = self.weight_scale(&stored_name)? {
-            data.iter_mut().for_each(|v| *v *= scale);
         }
         let data = if kind == ParamKind::Linear {
             let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -104,12 +111,9 @@ impl ParamSource for GgufSource {
         self.ternary.then(|| {
             let path = self.file.path();
             let stored_name = gguf_tensor_name(name).ok_or_else(|| LoadError::tensor(path, name, "has no GGUF name"))?;
-            let (dims, mut values) = self.file.tensor_f32(&stored_name)?;
+            let (dims, values) = self.scaled_f32(&stored_name)?;
             if dims != [k, n] {
                 return Err(LoadError::tensor(path, &stored_name, format!("dims {dims:?}; the config needs [{k}, {n}] (GGUF order)")));
-            }
-            if let Some(scale) = self.weight_scale(&stored_name)? {
-                values.iter_mut().for_each(|v| *v *= scale);
             }
             ternary::from_values(&values, n, k).map_err(|e| LoadError::tensor(path, &stored_name, e))
         })
