@@ -3,6 +3,12 @@
 //! CubeCL, wgpu and cudarc and monomorphizes the shared parity harness again, which made linking
 //! and codegen most of CI's build time. Run one op's tests with a filter:
 //! `cargo test --features cuda --test suite nf4::`.
+//!
+//! One process holds every test, so process-wide state is shared. Burn 0.21 keeps one default
+//! float dtype per device type, set by the first backend that asks (`get_device_settings`):
+//! `NdArray<f32>` and the oracle's `NdArray<f64>` share `NdArrayDevice::Cpu`, so a test here must
+//! not lean on the default dtype. kiln-models' tests do (its f32 and f64 model tests raced for it
+//! when gathered like this, thirty-second session) and stay one binary per file.
 
 mod common;
 mod dora;

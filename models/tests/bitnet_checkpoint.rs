@@ -9,8 +9,9 @@
 //! path (f64 and f32 reference ops, wgpu kernels) is within 4e-7 of transformers' f32 logits,
 //! relative to their largest, so the bound is f32 rounding's, 1e-5.
 
-use crate::common;
-use crate::support;
+#[path = "../../tests/common/mod.rs"]
+mod common;
+mod support;
 
 use std::path::Path;
 

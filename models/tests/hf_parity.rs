@@ -7,7 +7,8 @@
 //! f32 reference path's error plus rounding. Greedy generation with the KV cache must reproduce
 //! transformers' 32 greedy tokens (computed without a cache) exactly.
 
-use crate::common;
+#[path = "../../tests/common/mod.rs"]
+mod common;
 
 use std::path::PathBuf;
 

@@ -3,7 +3,8 @@
 //! `tests/fixtures/lora/make_lora.py`), and damaged adapter files refused with the file and the
 //! tensor or field named.
 
-use crate::common;
+#[path = "../../tests/common/mod.rs"]
+mod common;
 
 use std::path::{Path, PathBuf};
 

@@ -3,8 +3,9 @@
 //! gives transformers + bitsandbytes' logits (f32 compute there); a float checkpoint is quantized
 //! on load exactly as the host format quantizes it; damaged 4-bit tensors give errors naming them.
 
-use crate::common;
-use crate::support;
+#[path = "../../tests/common/mod.rs"]
+mod common;
+mod support;
 
 use std::path::{Path, PathBuf};
 
