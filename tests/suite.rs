@@ -6,9 +6,12 @@
 //!
 //! One process holds every test, so process-wide state is shared. Burn 0.21 keeps one default
 //! float dtype per device type, set by the first backend that asks (`get_device_settings`):
-//! `NdArray<f32>` and the oracle's `NdArray<f64>` share `NdArrayDevice::Cpu`, so a test here must
-//! not lean on the default dtype. kiln-models' tests do (its f32 and f64 model tests raced for it
-//! when gathered like this, thirty-second session) and stay one binary per file.
+//! `NdArray<f32>` and the oracle's `NdArray<f64>` share `NdArrayDevice::Cpu`. The parity checks
+//! give every tensor its dtype; a few tests here still build `NdArray` tensors with the default
+//! (`Tensor::ones` in the bad-input tests), which is f32 only because the first tests to start
+//! (dora's, on NdArray) ask first. kiln-models' tests lean on the default throughout (its f32 and
+//! f64 model tests raced for it when gathered like this, thirty-second session) and stay one
+//! binary per file.
 
 mod common;
 mod dora;
