@@ -44,6 +44,8 @@
 
 #define KILN_THREADS (KILN_WARPS * 32)
 #define KILN_SPAN 64
+// Bytes of one feature's row in a slot: its spans (32 bytes each) and 32 bytes of padding, so a
+// warp's 8-byte reads of 8 rows × 4 lanes land in distinct banks.
 #define KILN_ROW_BYTES (KILN_UNROLL * 32 + 32)
 #define KILN_SLOT_BYTES (16 * KILN_ROW_BYTES)
 #define KILN_TABLE_BYTES (256 * 32 * 4)
@@ -148,6 +150,7 @@ extern "C" __global__ void __launch_bounds__(KILN_THREADS, KILN_MIN_BLOCKS) kiln
     auto c_rows = [&]() {
 #pragma unroll
         for (int i = 0; i < KILN_UNROLL; ++i)
+            // Rows past `n` hold the last feature's bytes and are never stored.
             c_src[i] = words + (size_t)min(c_tile * 16 + c_row + pass_rows * i, p.n - 1) * row_bytes + c_part * 16;
     };
     c_rows();
@@ -228,6 +231,7 @@ extern "C" __global__ void __launch_bounds__(KILN_THREADS, KILN_MIN_BLOCKS) kiln
                     const unsigned wg = st < 2 ? a0.x : a0.y, wg8 = st < 2 ? a1.x : a1.y;
                     const int byte = 2 * (st % 2);
                     const uint4 xb = st < 2 ? b0 : b1;
+                    // Bytes 2·st and 2·st + 1 of rows g and g + 8; elements 4·st … 4·st + 3 of `x`.
                     const unsigned a[4] = {kiln_pair(lane_table, wg, byte), kiln_pair(lane_table, wg8, byte),
                                            kiln_pair(lane_table, wg, byte + 1), kiln_pair(lane_table, wg8, byte + 1)};
                     if (st == 0) kiln_mma_first(c, a, xb.x, xb.y);
@@ -251,6 +255,7 @@ extern "C" __global__ void __launch_bounds__(KILN_THREADS, KILN_MIN_BLOCKS) kiln
         for (int i = 0; i < 4; ++i) partial[warp][i][lane] = acc[i];
         __syncthreads();
         if (warp == 0) {
+            // Lane (g, t) holds rows g (acc 0, 1) and g + 8 (acc 2, 3) for activation rows 2t, 2t + 1.
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 float v = 0.f;
