@@ -19,6 +19,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.join(HERE, "..", "..", "kernels", "src", "flash_attention", "wgmma")
+HOPPER = os.path.join(HERE, "..", "..", "kernels", "src", "hopper")
 WRAP = r'''
 extern "C" __global__ void __launch_bounds__(THREADS, 1) fa_fwd(const u16* q, const u16* k, const u16* v, u16* out, float* lse,
     u32 q_heads, u32 group, u32 q_len, u32 kv_len, u32 qb, u32 qh, u32 qs, u32 kb, u32 kh, u32 ks, u32 vb, u32 vh, u32 vs, float scale_log2) {
@@ -29,12 +30,13 @@ extern "C" __global__ void shared_bytes(u32* o) { o[0] = KILN_SHARED_BYTES; }
 '''
 _cache = {}
 def compile_kernel(name, source, wrapper, entry, defines):
-    """nvcc-builds `source` (after the defines, `wgmma.cuh` and `common.cuh`) with `wrapper`;
+    """nvcc-builds `source` (after the defines, the Hopper header, `wgmma.cuh` and `common.cuh`) with `wrapper`;
     returns (function, shared bytes) or None."""
     if name in _cache: return _cache[name]
     cu = os.path.join("/tmp", name + ".cu")
     defs = os.environ.get("EXTRA", "").replace(";", "\n") + "\n" + "".join(f"#define {k} {v}\n" for k, v in defines.items())
-    parts = [defs] + [open(os.path.join(SRC, f)).read() for f in ("wgmma.cuh", "common.cuh", source)] + [wrapper]
+    sources = [os.path.join(HOPPER, "common.cuh"), os.path.join(HOPPER, "wgmma.cuh")] + [os.path.join(SRC, f) for f in ("common.cuh", source)]
+    parts = [defs] + [open(f).read() for f in sources] + [wrapper]
     open(cu, "w").write("\n".join(parts))
     cubin = cu.replace(".cu", ".cubin")
     r = subprocess.run(["nvcc", "-cubin", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", "-I", SRC, cu, "-o", cubin], capture_output=True, text=True)

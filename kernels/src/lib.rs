@@ -14,6 +14,8 @@
 pub mod cuda_source;
 pub mod dora;
 pub mod flash_attention;
+#[cfg(feature = "cuda")]
+pub mod hopper;
 pub mod lora;
 pub mod matmul;
 pub mod nf4;

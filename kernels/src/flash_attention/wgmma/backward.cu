@@ -23,7 +23,8 @@
 // Shared-memory tiles are swizzled as `common.cuh` describes; `dSᵀ` is kept as `[key][query]`
 // (query-contiguous), which is the M-major A operand of `dS·K`.
 
-// kiln places `wgmma.cuh` (the generated MMA wrappers) and `common.cuh` before this source.
+// kiln places `hopper/common.cuh`, `hopper/wgmma.cuh` (the generated MMA wrappers) and this
+// folder's `common.cuh` before this source.
 
 #define BC 128                 // keys per cube
 #define BR 64                  // queries per tile

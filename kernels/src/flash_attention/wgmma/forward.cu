@@ -23,7 +23,8 @@
 //
 // Shared-memory tiles are swizzled as `common.cuh` describes.
 
-// kiln places `wgmma.cuh` (the generated MMA wrappers) and `common.cuh` before this source.
+// kiln places `hopper/common.cuh`, `hopper/wgmma.cuh` (the generated MMA wrappers) and this
+// folder's `common.cuh` before this source.
 
 #define ROWS (64 * KILN_WG)
 #define THREADS (128 * KILN_WG)

@@ -1,5 +1,5 @@
 //! Attention forward and backward on Hopper's warpgroup MMA (`forward.cu`, `backward.cu`, CUDA
-//! C++ with `common.cuh` and the generated `wgmma.cuh`), launched through CubeCL's CUDA runtime
+//! C++ after [`crate::hopper`]'s header and float wrappers and this folder's `common.cuh`), launched through CubeCL's CUDA runtime
 //! ([`crate::cuda_source`]).
 //!
 //! They serve the common training/prefill case of the CubeCL kernels (f16/bf16, head dim 64 or
@@ -16,13 +16,13 @@ use cubecl::server::Binding;
 
 use super::{AttentionShape, EMPTY_LSE};
 use crate::cuda_source::{CudaSourceKernel, fingerprint};
+use crate::hopper::{COMMON as HOPPER, WGMMA as WRAPPERS};
 
-const WRAPPERS: &str = include_str!("wgmma.cuh");
 const COMMON: &str = include_str!("common.cuh");
 const FORWARD: &str = include_str!("forward.cu");
 const BACKWARD: &str = include_str!("backward.cu");
-const FORWARD_FINGERPRINT: u64 = fingerprint(&[WRAPPERS, COMMON, FORWARD]);
-const BACKWARD_FINGERPRINT: u64 = fingerprint(&[WRAPPERS, COMMON, BACKWARD]);
+const FORWARD_FINGERPRINT: u64 = fingerprint(&[HOPPER, WRAPPERS, COMMON, FORWARD]);
+const BACKWARD_FINGERPRINT: u64 = fingerprint(&[HOPPER, WRAPPERS, COMMON, BACKWARD]);
 
 /// Compile-time parameters of one kernel variant (forward or backward).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,12 +98,12 @@ fn element_defines(params: &[u32]) -> String {
 fn forward_source(params: &[u32]) -> String {
     let [.., block_k, warpgroups] = params else { unreachable!("five forward parameters") };
     let defines = element_defines(params);
-    format!("{defines}#define KILN_BC {block_k}\n#define KILN_WG {warpgroups}\n#define KILN_EMPTY_LSE {EMPTY_LSE:?}f\n{WRAPPERS}\n{COMMON}\n{FORWARD}")
+    format!("{defines}#define KILN_BC {block_k}\n#define KILN_WG {warpgroups}\n#define KILN_EMPTY_LSE {EMPTY_LSE:?}f\n{HOPPER}\n{WRAPPERS}\n{COMMON}\n{FORWARD}")
 }
 
 /// The backward's source for `params` = [head dim, causal, f16].
 fn backward_source(params: &[u32]) -> String {
-    format!("{}{WRAPPERS}\n{COMMON}\n{BACKWARD}", element_defines(params))
+    format!("{}{HOPPER}\n{WRAPPERS}\n{COMMON}\n{BACKWARD}", element_defines(params))
 }
 
 /// Strides (in elements) of a `[batch, heads, len, d]` operand as the kernels take them.

@@ -1,0 +1,130 @@
+"""The W2A8 GEMM on Hopper's integer wgmma (`kiln_ternary_gemm` in `kernels/src/ternary/gemm.cu`)
+and edited copies of it, without a Rust build: each `.cu` is built by nvcc for sm_90a after the
+Hopper header and integer wrappers (ptxas' registers, spills and wgmma warnings printed), checked
+bit-exactly against torch (f64 integer sums, then the same f32 division and rounding) on random
+codes, and timed like `benches/peers/gemm.py`'s `gpu_seconds` next to torch's bf16 GEMM and
+`torch._int_mm` (cuBLASLt's int8 GEMM) in the same process.
+
+Usage on the GPU machine, from the repository root:
+    python3 benches/probes/ternary_gemm.py [variant.cu ...]   (default: the committed kernel)
+Environment: SHAPES (`m`x`n`x`k` list), KINDS (output kinds checked at every shape, 0 f32, 1 f16,
+2 bf16; default all three on the first shape, bf16 after; timings are of the last kind)."""
+import os, subprocess, sys, re
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "peers"))
+from gemm import gpu_seconds  # noqa: E402  (CUDA events behind torch.cuda._sleep)
+import cupy as cp  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SRC = os.path.join(HERE, "..", "..", "kernels", "src")
+SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ.get(
+    "SHAPES", "300x1000x2600,512x28672x8192,2048x28672x8192,8192x28672x8192,512x11008x4096,2048x11008x4096,8192x11008x4096,2048x4096x11008").split(",")]
+DTYPES = {0: torch.float32, 1: torch.float16, 2: torch.bfloat16}
+FEATS, TOKS, GROUP = 128, 256, 8
+
+
+class Variant:
+    def __init__(self, path):
+        self.name = os.path.basename(path)
+        text = open(path).read()
+        sig = "const __grid_constant__ GemmParams p) {"
+        assert sig in text
+        self.src = text.replace(sig, "u32 p_m, u32 p_n, u32 p_rw, u32 p_group) {\n    const GemmParams p{p_m, p_n, p_rw, p_group};")
+        self.src += '\nextern "C" __global__ void shared_bytes(u32* o) { o[0] = KILN_SHARED_BYTES; }\n'
+        self.cache = {}
+
+    def function(self, kind):
+        if kind not in self.cache:
+            head = [open(os.path.join(SRC, "hopper", f)).read() for f in ("common.cuh", "wgmma_int.cuh")]
+            cu = f"/tmp/tgemm_{self.name}_{kind}.cu"
+            open(cu, "w").write(f"#define KILN_OUT_KIND {kind}\n" + "\n".join(head + [self.src]))
+            cubin = cu.replace(".cu", ".cubin")
+            r = subprocess.run(["nvcc", "-cubin", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", cu, "-o", cubin], capture_output=True, text=True)
+            info = [l.strip() for l in (r.stdout + r.stderr).splitlines() if any(w in l.lower() for w in ("registers", "spill", "error", "warn", "wgmma"))]
+            print(f"build {self.name} kind {kind}: rc {r.returncode}; " + " | ".join(info[-6:]), flush=True)
+            if r.returncode != 0:
+                print(r.stderr[-4000:])
+                sys.exit(1)
+            mod = cp.RawModule(path=cubin)
+            fn = mod.get_function("kiln_ternary_gemm")
+            sb = cp.zeros(1, dtype=cp.uint32)
+            mod.get_function("shared_bytes")((1,), (1,), (sb,))
+            fn.max_dynamic_shared_size_bytes = int(sb.get()[0])
+            self.cache[kind] = (fn, int(sb.get()[0]))
+        return self.cache[kind]
+
+    def launch(self, kind, m, n, row_words, group, bufs, stream):
+        fn, shared = self.function(kind)
+        cubes = -(-m // TOKS) * -(-n // FEATS)
+        u = cp.uint32
+        fn((cubes,), (256,), bufs + (u(m), u(n), u(row_words), u(group)), shared_mem=shared, stream=stream)
+
+
+def pack(codes):
+    """[n, kp] codes 0..2 → [n, kp / 16] words: element i of a word at bit 8 (i % 4) + 2 (i / 4)."""
+    n, kp = codes.shape
+    c = codes.to(torch.int64).reshape(n, kp // 16, 4, 4)  # word, i / 4, i % 4
+    shifts = (8 * torch.arange(4, device=codes.device)[None, None, None, :] + 2 * torch.arange(4, device=codes.device)[None, None, :, None])
+    words = (c << shifts).sum(dim=(2, 3))
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def ptr(t):
+    return cp.asarray(t) if t.dtype not in (torch.bfloat16,) else cp.asarray(t.view(torch.int16))
+
+
+def main():
+    paths = sys.argv[1:] or [os.path.join(SRC, "ternary", "gemm.cu")]
+    variants = [Variant(p) for p in paths]
+    stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for index, (m, n, k) in enumerate(SHAPES):
+        kp = -(-k // 64) * 64
+        group = n if index else 7
+        wc = torch.randint(0, 3, (n, kp), device="cuda", dtype=torch.int8, generator=gen)
+        wc[:, k:] = 1
+        words = pack(wc)
+        xq = torch.randint(-128, 128, (m, kp), device="cuda", dtype=torch.int8, generator=gen)
+        xq[:, k:] = 0
+        sums = xq.to(torch.float32).sum(1)
+        # scales over 2^-10 … 2^10, so the divisions see many exponents and mantissas
+        sx = torch.exp2(torch.rand(m, device="cuda", generator=gen) * 20 - 10)
+        sw = torch.exp2(torch.rand(-(-n // group), device="cuda", generator=gen) * 20 - 10)
+        acc = (xq.double() @ (wc.double() - 1).t()).float()
+        ref32 = acc / (sx[:, None] * sw.repeat_interleave(group)[None, :n])
+        del acc
+        line = f"m{m} n{n} k{k}:"
+        ops = 2 * m * n * k
+        kinds = [int(v) for v in os.environ["KINDS"].split(",")] if "KINDS" in os.environ else [0, 1, 2] if index == 0 else [2]
+        for v in variants:
+            for kind in kinds:
+                out = torch.full((m, n), float("nan"), device="cuda", dtype=DTYPES[kind])
+                bufs = (cp.asarray(xq), cp.asarray(sx), cp.asarray(sums), cp.asarray(words), cp.asarray(sw), ptr(out))
+                with stream:
+                    v.launch(kind, m, n, kp // 16, group, bufs, stream)
+                stream.synchronize()
+                ref = ref32.to(DTYPES[kind])
+                bad = int((out.view(torch.int32 if kind == 0 else torch.int16) != ref.view(torch.int32 if kind == 0 else torch.int16)).sum())
+                line += f" | {v.name} kind {kind} {'exact' if bad == 0 else f'{bad} WRONG'}"
+            if m >= 512:
+                with stream:
+                    t = gpu_seconds(lambda: v.launch(kinds[-1], m, n, kp // 16, group, bufs, stream), calls=40)
+                line += f" {t * 1e3:.4f} ms {ops / t / 1e12:5.0f} TOP/s"
+        del ref32, out
+        if m >= 512:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+            tb = gpu_seconds(lambda: x @ w.t(), calls=40)
+            del x, w
+            w8 = (wc[:, :k] - 1).contiguous()
+            x8 = xq[:, :k].contiguous()
+            ti = gpu_seconds(lambda: torch._int_mm(x8, w8.t()), calls=40)
+            line += f" | torch bf16 {tb * 1e3:.4f} ms ({ops / tb / 1e12:.0f} TF/s) | _int_mm {ti * 1e3:.4f} ms ({ops / ti / 1e12:.0f} TOP/s)"
+            del w8, x8
+        print(line, flush=True)
+        del wc, words, xq
+        torch.cuda.empty_cache()
+
+
+main()

@@ -1,0 +1,236 @@
+// W2A8 GEMM on Hopper's integer warpgroup MMA: `out[m, n] = (Σ_k c_w[n, k] · q_x[m, k] − Σ_k q_x[m, k])
+// / (s_x[m] · s_w[n])`, with `c_w = w + 1` the packed 2-bit weight codes (0..2) and `q_x` the int8
+// activation codes, so the wgmma multiplies unsigned codes by signed activations (`u8 × s8 → s32`)
+// and the code sums turn `Σ c_w · q_x` into `Σ w · q_x` exactly. Layouts as in `mod.rs`: weight
+// rows of `row_words` u32 words (16 codes each, code `i` at bit `8 · (i % 4) + 2 · (i / 4)`),
+// activation rows of `16 · row_words` int8 codes, both zero-padded past `k` to the 64 granule.
+//
+// The weight crosses memory at 2 bits a weight: each warpgroup expands its 64 rows of a staged
+// block into bytes in shared memory itself, one packed word into one 16-byte chunk (the packing
+// puts elements `4j … 4j+3` of a word at bytes 0..3 of `word >> 2j`, so a chunk is four shifts
+// and masks), in the same swizzled layout as the activations, and both MMA operands come from
+// shared memory. Taking A from registers instead (each thread unpacking its `m16n8k32` fragment)
+// made ptxas serialize the wgmmas, since registers feeding the next block's MMAs were written
+// while the previous block's were in flight (`benches/RESULTS.md`, thirty-third session).
+//
+// Work of one cube: FEATS = 128 weight rows (two warpgroups of 64) by TOKS = 256 activation rows,
+// k in blocks of 128 codes through a ring of STAGES shared-memory stages filled with `cp.async` by
+// every thread, STAGES − 2 blocks ahead. Each warpgroup keeps one block's MMAs in flight while it
+// expands the next block's weights (two byte tiles per warpgroup, alternating), so neither the
+// expansion nor its barrier sits between a block's copies landing and its MMAs. Cubes walk the
+// tiles in groups of GROUP activation tiles, so a group's activations stay in L2 while its
+// weights stream past once.
+//
+// Defines: KILN_OUT_KIND (0 f32, 1 f16, 2 bf16). kiln places `hopper/common.cuh` and
+// `hopper/wgmma_int.cuh` before this source.
+
+#define FEATS 128
+#define TOKS 256
+#define BK 128
+#define STAGES 5
+#define GROUP 8
+#define THREADS 256
+#define ACT_TILE (TOKS * BK)
+#define W_TILE (FEATS * BK / 4)
+#define STAGE_BYTES (ACT_TILE + W_TILE)
+// A warpgroup's weight rows of one block as bytes (the MMA's A operand), two per warpgroup.
+#define CODE_TILE (64 * BK)
+// Output tile rows in shared memory are padded by 16 bytes so that a warp's stores spread over banks.
+#define OUT_PITCH (FEATS + 16 / (int)sizeof(out_t))
+
+#if KILN_OUT_KIND == 0
+typedef float out_t;
+__device__ __forceinline__ out_t kiln_out(float v) { return v; }
+#else
+typedef unsigned short out_t;
+__device__ __forceinline__ out_t kiln_out(float v) {
+    unsigned short r;
+#if KILN_OUT_KIND == 1
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(v));
+#else
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(v));
+#endif
+    return r;
+}
+#endif
+
+// Bytes of dynamic shared memory the launch requests: the stages, the byte tiles, the tile's
+// scales and code sums (`Scales`), and 1 KB more to align the swizzled tiles.
+#define SCALES_BYTES ((2 * TOKS + FEATS) * 4)
+#define KILN_SHARED_BYTES (STAGES * STAGE_BYTES + 2 * (THREADS / 128) * CODE_TILE + SCALES_BYTES + 1024)
+
+struct GemmParams {
+    u32 m;          // activation rows
+    u32 n;          // weight rows (output features)
+    u32 row_words;  // packed words per weight row (k padded to 64, over 16)
+    u32 group;      // weight rows per scale
+};
+
+// `a / d` rounded once to f32, as IEEE division rounds it, for |a| < 2^24 and a finite positive
+// `d` (a product of two positive scales), without branches: the f32 division is a subroutine
+// with a slow path, and 128 of them a thread, each a scheduling barrier, took 16 µs a tile. In
+// f64 the quotient comes within about 2^-52 of `a / d` (an approximate reciprocal, two Newton
+// steps, one correction of the quotient), and rounding that to f32 is exact: with a 24-bit `a`
+// and a 24-bit `d`, `a / d` is never a midpoint between floats and never within 2^-49 (relative)
+// of one, so the f64 error cannot move the rounding. Scales of rows holding inf or NaN give NaN
+// here where the division gives inf or 0.
+__device__ __forceinline__ float quotient(int a, float d) {
+    const double dd = d, aa = a;
+    double r;
+    asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(r) : "d"(dd));
+    r = fma(fma(-dd, r, 1.0), r, r);
+    r = fma(fma(-dd, r, 1.0), r, r);
+    const double q = aa * r;
+    return (float)fma(fma(-dd, q, aa), r, q);
+}
+
+// The tile's activation scales and code sums and its weight rows' scales, read from global memory
+// while the main loop runs: the epilogue's divisions then wait on shared memory, not on 192
+// dependent global loads a thread (that made the epilogue of a 4-block tile take 17 µs).
+struct Scales {
+    float x[TOKS];
+    int sum[TOKS];
+    float w[FEATS];
+};
+
+__device__ __forceinline__ void load_scales(Scales* s, const float* x_scales, const float* x_sums, const float* w_scales, const GemmParams& p, u32 tok0, u32 f0) {
+    static_assert(TOKS == THREADS && FEATS <= THREADS, "one token a thread");
+    const u32 i = threadIdx.x, tok = tok0 + i, f = f0 + i;
+    s->x[i] = tok < p.m ? x_scales[tok] : 1.f;
+    s->sum[i] = tok < p.m ? (int)x_sums[tok] : 0;
+    if (i < FEATS) s->w[i] = f < p.n ? w_scales[f / p.group] : 1.f;
+}
+
+// Where block `kb` of k lands: stage `kb % STAGES`, the activation tile first, then the weight's.
+__device__ __forceinline__ u32 stage_at(u32 base, int kb) { return base + (kb % STAGES) * STAGE_BYTES; }
+
+// Stages block `kb` of k: TOKS activation rows of BK bytes (swizzled) and FEATS weight rows of
+// BK / 4 bytes (plain); rows past `m` or `n` and bytes past the padded row are zero-filled.
+__device__ __forceinline__ void load_block(u32 stage, const unsigned char* acts, const unsigned char* w, const GemmParams& p, u32 tok0, u32 f0, int kb) {
+    const u32 act_row = p.row_words * 16, w_row = p.row_words * 4;
+    const u32 k0 = kb * BK;
+    #pragma unroll
+    for (int it = 0; it < TOKS * (BK / 16) / THREADS; ++it) {
+        const u32 i = it * THREADS + threadIdx.x, r = i / (BK / 16), c = i % (BK / 16);
+        const bool ok = tok0 + r < p.m && k0 + c * 16 < act_row;
+        copy16(stage + r * 128 + ((c ^ (r % 8)) << 4), ok ? acts + (u64)(tok0 + r) * act_row + k0 + c * 16 : acts, ok ? 16 : 0);
+    }
+    static_assert(FEATS * (BK / 64) == THREADS, "one weight chunk a thread");
+    const u32 r = threadIdx.x / 2, off = kb * (BK / 4) + (threadIdx.x % 2) * 16;
+    const bool ok = f0 + r < p.n && off < w_row;
+    copy16(stage + ACT_TILE + r * (BK / 4) + (threadIdx.x % 2) * 16, ok ? w + (u64)(f0 + r) * w_row + off : w, ok ? 16 : 0);
+}
+
+// Expands this warpgroup's 64 weight rows of a staged block (`w_tile`, 32 bytes a row) into the
+// swizzled byte tile `codes`: thread `i` of the warpgroup takes words `4 (i % 2) …` of row `i / 2`,
+// one 16-byte load and four 16-byte stores (both conflict-free across each quarter warp).
+__device__ __forceinline__ void expand(u32 codes, u32 w_tile, int i) {
+    const u32 r = i / 2, h = i % 2;
+    u32 word[4];
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(word[0]), "=r"(word[1]), "=r"(word[2]), "=r"(word[3]) : "r"(w_tile + r * 32 + h * 16));
+    #pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        const u32 w = word[q], c = 4 * h + q, m = 0x03030303u;
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(codes + r * 128 + ((c ^ (r % 8)) << 4)), "r"(w & m), "r"((w >> 2) & m), "r"((w >> 4) & m), "r"((w >> 6) & m));
+    }
+}
+
+// One block of the main loop. Entering it, this block's weights are bytes in `codes[kb % 2]`
+// (expanded by the step before); the step waits for block kb + 1's copies, refills the stage freed
+// two blocks ago, issues this block's four k32 MMAs, retires the previous block's, and expands
+// block kb + 1's weights into the byte tile that block's MMAs read, while this block's run.
+__device__ __forceinline__ void step(int (&acc)[128], const u32 (&codes)[2], u32 base, int kb, int blocks, int wg, const unsigned char* acts,
+                                     const unsigned char* w, const GemmParams& p, u32 tok0, u32 f0) {
+    copy_wait<STAGES - 4>();
+    async_proxy_fence();  // this thread's expanded bytes and copies, before the barrier shows them to wgmma
+    __syncthreads();
+    if (kb + STAGES - 2 < blocks) load_block(stage_at(base, kb + STAGES - 2), acts, w, p, tok0, f0, kb + STAGES - 2);
+    copy_commit();
+    const u32 stage = stage_at(base, kb), a = codes[kb % 2];
+    wgmma_fence();
+    #pragma unroll
+    for (int s = 0; s < BK / 32; ++s) wgmma_ss_u8s8_n256(acc, descriptor(a + s * 32, 16, 1024), descriptor(stage + s * 32, 16, 1024));
+    wgmma_commit();
+    wgmma_wait<1>();
+    if (kb + 1 < blocks) expand(codes[(kb + 1) % 2], stage_at(base, kb + 1) + ACT_TILE + wg * 64 * (BK / 4), threadIdx.x % 128);
+}
+
+// The cube's tile: groups of GROUP activation tiles, weight tiles in order within a group, the
+// group's activation tiles fastest.
+__device__ __forceinline__ void tile_of(u32 cube, const GemmParams& p, u32& tok0, u32& f0) {
+    const u32 tok_tiles = (p.m + TOKS - 1) / TOKS, feat_tiles = (p.n + FEATS - 1) / FEATS;
+    const u32 per_group = GROUP * feat_tiles, group = cube / per_group;
+    const u32 first = group * GROUP, size = min(GROUP, tok_tiles - first), within = cube % per_group;
+    tok0 = (first + within % size) * TOKS;
+    f0 = (within / size) * FEATS;
+}
+
+// acts `[m, 16 · row_words]` int8 codes; x_scales, x_sums `[m]` f32 (the sums are integers);
+// w `[n, row_words]` packed words; w_scales one f32 per `group` rows; out dense `[m, n]`.
+// One cube per (activation tile, weight tile), THREADS threads, KILN_SHARED_BYTES of shared memory.
+extern "C" __global__ void __launch_bounds__(THREADS, 1) kiln_ternary_gemm(
+    const unsigned char* __restrict__ acts, const float* __restrict__ x_scales, const float* __restrict__ x_sums,
+    const unsigned char* __restrict__ w, const float* __restrict__ w_scales, out_t* __restrict__ out,
+    const __grid_constant__ GemmParams p) {
+    extern __shared__ unsigned char shared_raw[];
+    const u32 base = (shared_address(shared_raw) + 1023) & ~1023u;
+    u32 tok0, f0;
+    tile_of(blockIdx.x, p, tok0, f0);
+    const int blocks = (p.row_words * 16 + BK - 1) / BK;
+    #pragma unroll
+    for (int kb = 0; kb < STAGES - 2; ++kb) {
+        if (kb < blocks) load_block(stage_at(base, kb), acts, w, p, tok0, f0, kb);
+        copy_commit();
+    }
+
+    const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32, wg = threadIdx.x / 128;
+    const int t = lane % 4;
+    const int row = wg * 64 + warp * 16 + lane / 4;  // this thread's first output row in the tile; the second is + 8
+    const u32 first = base + STAGES * STAGE_BYTES + wg * 2 * CODE_TILE, codes[2] = {first, first + CODE_TILE};
+    Scales* scales = reinterpret_cast<Scales*>(shared_raw + (base - shared_address(shared_raw)) + STAGES * STAGE_BYTES + 2 * (THREADS / 128) * CODE_TILE);
+    load_scales(scales, x_scales, x_sums, w_scales, p, tok0, f0);
+    copy_wait<STAGES - 3>();
+    __syncthreads();
+    expand(codes[0], base + ACT_TILE + wg * 64 * (BK / 4), threadIdx.x % 128);
+    int acc[128];
+    #pragma unroll
+    for (int i = 0; i < 128; ++i) acc[i] = 0;
+    for (int kb = 0; kb < blocks; ++kb) step(acc, codes, base, kb, blocks, wg, acts, w, p, tok0, f0);
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+    copy_wait<0>();
+    __syncthreads();  // every warpgroup is done reading the stages: the output tile reuses them
+
+    // Scale into the output tile `[TOKS][OUT_PITCH]` in shared memory: acc[4j + 2h + e] is token
+    // 8j + 2t + e, weight row `row + 8h`.
+    out_t* tile = reinterpret_cast<out_t*>(shared_raw + (base - shared_address(shared_raw)));
+    #pragma unroll
+    for (int j = 0; j < 32; ++j) {
+        #pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int tok = 8 * j + 2 * t + e;
+            const float sx = scales->x[tok];
+            const int sum = scales->sum[tok];
+            #pragma unroll
+            for (int h = 0; h < 2; ++h) tile[tok * OUT_PITCH + row + 8 * h] = kiln_out(quotient(acc[4 * j + 2 * h + e] - sum, sx * scales->w[row + 8 * h]));
+        }
+    }
+    __syncthreads();
+
+    // Copy the tile out in 16-byte pieces along each output row (element by element where the row
+    // is not 16-byte aligned or the piece runs past `n`).
+    constexpr int PER = 16 / sizeof(out_t), CHUNKS = FEATS / PER;
+    const bool aligned = (p.n * sizeof(out_t)) % 16 == 0;
+    for (int i = threadIdx.x; i < TOKS * CHUNKS; i += THREADS) {
+        const int r = i / CHUNKS, c = i % CHUNKS;
+        if (tok0 + r >= p.m) break;
+        const u32 f = f0 + c * PER;
+        out_t* dst = out + (u64)(tok0 + r) * p.n + f;
+        const out_t* src = tile + r * OUT_PITCH + c * PER;
+        if (aligned && f + PER <= p.n) {
+            *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+        } else {
+            for (int e = 0; e < PER && f + e < p.n; ++e) dst[e] = src[e];
+        }
+    }
+}
