@@ -614,6 +614,12 @@ fn main() {
     if mode == "ternary-gemv" {
         ternary::bench_gemv(&device);
     }
+    if mode == "ternary-prefill" {
+        ternary::bench_prefill(&device);
+    }
+    if mode == "ternary-qat" {
+        ternary::bench_qat_step(&device);
+    }
     if mode == "trit" || mode == "all" {
         ok &= trit::parity(&device);
     }

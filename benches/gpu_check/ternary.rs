@@ -21,10 +21,13 @@ const GEMV: [(usize, usize); 7] = [(2560, 2560), (13824, 2560), (2560, 6912), (3
 const PREFILL: [(usize, usize); 3] = [(11008, 4096), (4096, 11008), (28672, 8192)];
 /// HBM3 nominal bandwidth of the H100 SXM, bytes per second.
 const HBM: f64 = 3.35e12;
+/// Dense int8 tensor-core peak of the H100 SXM, operations per second.
+const INT8_PEAK: f64 = 1979e12;
 
 /// The CI checks on CUDA: GEMV rows (one row: the fused `dp4a` kernel, with 16-byte loads at
 /// 6912 and element loads at 1000; one row of 100000, beyond its shared memory, and 3 and 8
-/// rows: the two-kernel path) and GEMM rows at model sizes.
+/// rows: the two-kernel path) and GEMM rows at model sizes (on the H100 the wgmma GEMM: 17 rows,
+/// 512, and 300 rows against a ragged `[1001, 2600]` weight whose last k block is half padding).
 pub fn parity(device: &CudaDevice) -> bool {
     let shapes = [
         shape(1, 2560, 6912, 2560),
@@ -34,6 +37,7 @@ pub fn parity(device: &CudaDevice) -> bool {
         shape(3, 301, 1000, 64),
         shape(17, 1024, 4096, 1024),
         shape(512, 640, 2048, 640),
+        shape(300, 1001, 2600, 7),
     ];
     let mut ok = true;
     for dtype in [DType::F32, DType::F16, DType::BF16] {
@@ -101,8 +105,9 @@ fn calls_within(bytes: usize) -> usize {
     (SAMPLE_BYTES / bytes.max(1)).clamp(3, 200)
 }
 
-/// Prefill products (activation codes and the unscaled weight codes through cuBLASLt, then the
-/// scales) next to kiln's bf16 product.
+/// Prefill products (on the H100 the activation kernel and the wgmma GEMM; with
+/// `KILN_TERNARY_WGMMA=0` the weight unpacked to int8 and cuBLASLt's i8 GEMM, then the scales)
+/// next to kiln's bf16 product (cuBLASLt), with the share of the H100's dense int8 peak.
 pub fn bench_prefill(device: &CudaDevice) {
     for (n, k) in PREFILL {
         let w = weight::<B>(n, k, device);
@@ -114,9 +119,10 @@ pub fn bench_prefill(device: &CudaDevice) {
             let bf = super::time_adaptive(device, 0.1, calls, || ops::matmul(x.clone(), dense.clone()));
             let flops = 2.0 * (m * k * n) as f64;
             println!(
-                "bench ternary prefill m{m:<5} n{n:<6} k{k:<6} kiln W2A8 {:8.3} ms ({:4.0} TF/s) | kiln bf16 {:8.3} ms ({:4.0} TF/s) | W2A8/bf16 {:.2}x",
+                "bench ternary prefill m{m:<5} n{n:<6} k{k:<6} kiln W2A8 {:8.3} ms ({:4.0} TOP/s, {:2.0}% of int8 peak) | kiln bf16 {:8.3} ms ({:4.0} TF/s) | W2A8/bf16 {:.2}x",
                 t * 1e3,
                 flops / t / 1e12,
+                100.0 * flops / t / INT8_PEAK,
                 bf * 1e3,
                 flops / bf / 1e12,
                 bf / t

@@ -31,7 +31,10 @@ class Variant:
         sig = "const __grid_constant__ GemmParams p) {"
         assert sig in text
         self.src = text.replace(sig, "u32 p_m, u32 p_n, u32 p_rw, u32 p_group) {\n    const GemmParams p{p_m, p_n, p_rw, p_group};")
-        self.src += '\nextern "C" __global__ void shared_bytes(u32* o) { o[0] = KILN_SHARED_BYTES; }\n'
+        # A variant that bulk-copies activations takes them block-major and pre-swizzled
+        # (`[k / 128][m][128]`, the 16-byte chunk c of row r at c ^ (r % 8)).
+        self.tiled = "cp.async.bulk" in text
+        self.src += '\nextern "C" __global__ void shared_bytes(u32* o) { o[0] = KILN_SHARED_BYTES; o[1] = THREADS; }\n'
         self.cache = {}
 
     def function(self, kind):
@@ -48,17 +51,18 @@ class Variant:
                 sys.exit(1)
             mod = cp.RawModule(path=cubin)
             fn = mod.get_function("kiln_ternary_gemm")
-            sb = cp.zeros(1, dtype=cp.uint32)
+            sb = cp.zeros(2, dtype=cp.uint32)
             mod.get_function("shared_bytes")((1,), (1,), (sb,))
-            fn.max_dynamic_shared_size_bytes = int(sb.get()[0])
-            self.cache[kind] = (fn, int(sb.get()[0]))
+            shared, threads = (int(v) for v in sb.get())
+            fn.max_dynamic_shared_size_bytes = shared
+            self.cache[kind] = (fn, shared, threads)
         return self.cache[kind]
 
     def launch(self, kind, m, n, row_words, group, bufs, stream):
-        fn, shared = self.function(kind)
+        fn, shared, threads = self.function(kind)
         cubes = -(-m // TOKS) * -(-n // FEATS)
         u = cp.uint32
-        fn((cubes,), (256,), bufs + (u(m), u(n), u(row_words), u(group)), shared_mem=shared, stream=stream)
+        fn((cubes,), (threads,), bufs + (u(m), u(n), u(row_words), u(group)), shared_mem=shared, stream=stream)
 
 
 def pack(codes):
@@ -68,6 +72,17 @@ def pack(codes):
     shifts = (8 * torch.arange(4, device=codes.device)[None, None, None, :] + 2 * torch.arange(4, device=codes.device)[None, None, :, None])
     words = (c << shifts).sum(dim=(2, 3))
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def tiled(xq):
+    m, kp = xq.shape
+    kb = -(-kp // 128)
+    x = torch.zeros(m, kb * 128, dtype=xq.dtype, device=xq.device)
+    x[:, :kp] = xq
+    x = x.reshape(m, kb, 8, 16)
+    chunks = torch.arange(8, device=xq.device)[None, :] ^ (torch.arange(m, device=xq.device) % 8)[:, None]  # [m, 8]: source chunk of slot
+    x = torch.gather(x, 2, chunks[:, None, :, None].expand(m, kb, 8, 16))
+    return x.permute(1, 0, 2, 3).contiguous()
 
 
 def ptr(t):
@@ -100,7 +115,7 @@ def main():
         for v in variants:
             for kind in kinds:
                 out = torch.full((m, n), float("nan"), device="cuda", dtype=DTYPES[kind])
-                bufs = (cp.asarray(xq), cp.asarray(sx), cp.asarray(sums), cp.asarray(words), cp.asarray(sw), ptr(out))
+                bufs = (cp.asarray(tiled(xq) if v.tiled else xq), cp.asarray(sx), cp.asarray(sums), cp.asarray(words), cp.asarray(sw), ptr(out))
                 with stream:
                     v.launch(kind, m, n, kp // 16, group, bufs, stream)
                 stream.synchronize()
@@ -119,8 +134,10 @@ def main():
             del x, w
             w8 = (wc[:, :k] - 1).contiguous()
             x8 = xq[:, :k].contiguous()
-            ti = gpu_seconds(lambda: torch._int_mm(x8, w8.t()), calls=40)
-            line += f" | torch bf16 {tb * 1e3:.4f} ms ({ops / tb / 1e12:.0f} TF/s) | _int_mm {ti * 1e3:.4f} ms ({ops / ti / 1e12:.0f} TOP/s)"
+            line += f" | torch bf16 {tb * 1e3:.4f} ms ({ops / tb / 1e12:.0f} TF/s)"
+            if k % 8 == 0 and n % 8 == 0:  # `_int_mm`'s constraint
+                ti = gpu_seconds(lambda: torch._int_mm(x8, w8.t()), calls=40)
+                line += f" | _int_mm {ti * 1e3:.4f} ms ({ops / ti / 1e12:.0f} TOP/s)"
             del w8, x8
         print(line, flush=True)
         del wc, words, xq

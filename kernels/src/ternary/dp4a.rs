@@ -7,7 +7,7 @@ use cubecl::cuda::CudaRuntime;
 use cubecl::prelude::*;
 use cubecl::server::Binding;
 
-use super::{GEMV_MAX_ROWS, MAX_K, ROW_GRANULE};
+use super::{GEMV_MAX_ROWS, MAX_K, PackedArgs, ROW_GRANULE};
 use crate::cuda_source::{CudaSourceKernel, FloatKind, fingerprint};
 
 const SOURCE: &str = include_str!("gemv.cu");
@@ -62,20 +62,9 @@ fn kernel(entry: &'static str, client: &ComputeClient<CudaRuntime>, rows: usize,
     (kernel, threads, features)
 }
 
-/// The bindings of one product: packed activations `[rows, k]` with their f32 scales and code
-/// sums, the packed weight `[n, k]` with its group scales, and the dense output `[rows, n]`.
-pub struct GemvArgs {
-    pub x: Binding,
-    pub x_scales: Binding,
-    pub x_sums: Binding,
-    pub words: Binding,
-    pub w_scales: Binding,
-    pub out: Binding,
-}
-
 /// Enqueues `out = acc / (s_x · s_w)` on `client`'s stream.
 #[allow(clippy::too_many_arguments)]
-pub fn launch_gemv(client: &ComputeClient<CudaRuntime>, out_kind: FloatKind, rows: usize, n: usize, k: usize, group: usize, args: GemvArgs) {
+pub fn launch_gemv(client: &ComputeClient<CudaRuntime>, out_kind: FloatKind, rows: usize, n: usize, k: usize, group: usize, args: PackedArgs) {
     let (kernel, threads, features) = kernel("kiln_ternary_gemv", client, rows, n, k, [out_kind, FloatKind::F32], 0);
     let cubes = CubeCount::Static((n.div_ceil(features) * threads).div_ceil(CUBE_THREADS) as u32, 1, 1);
     let buffers = vec![args.x, args.x_scales, args.x_sums, args.words, args.w_scales, args.out];

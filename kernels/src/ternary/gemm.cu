@@ -2,8 +2,10 @@
 // / (s_x[m] · s_w[n])`, with `c_w = w + 1` the packed 2-bit weight codes (0..2) and `q_x` the int8
 // activation codes, so the wgmma multiplies unsigned codes by signed activations (`u8 × s8 → s32`)
 // and the code sums turn `Σ c_w · q_x` into `Σ w · q_x` exactly. Layouts as in `mod.rs`: weight
-// rows of `row_words` u32 words (16 codes each, code `i` at bit `8 · (i % 4) + 2 · (i / 4)`),
-// activation rows of `16 · row_words` int8 codes, both zero-padded past `k` to the 64 granule.
+// rows of `row_words` u32 words (16 codes each, code `i` at bit `8 · (i % 4) + 2 · (i / 4)`,
+// zero weights past `k` to the 64 granule); int8 activation codes tiled (`ActCodes::Tiled`):
+// `[blocks][m][128]`, zeros past `k`, each row's 16-byte chunk `c` at `c ^ (row % 8)`, so a
+// tile's block of 256 rows is one contiguous run of bytes already in the 128-byte swizzle.
 //
 // The weight crosses memory at 2 bits a weight: each warpgroup expands its 64 rows of a staged
 // block into bytes in shared memory itself, one packed word into one 16-byte chunk (the packing
@@ -14,12 +16,14 @@
 // while the previous block's were in flight (`benches/RESULTS.md`, thirty-third session).
 //
 // Work of one cube: FEATS = 128 weight rows (two warpgroups of 64) by TOKS = 256 activation rows,
-// k in blocks of 128 codes through a ring of STAGES shared-memory stages filled with `cp.async` by
-// every thread, STAGES − 2 blocks ahead. Each warpgroup keeps one block's MMAs in flight while it
-// expands the next block's weights (two byte tiles per warpgroup, alternating), so neither the
-// expansion nor its barrier sits between a block's copies landing and its MMAs. Cubes walk the
-// tiles in groups of GROUP activation tiles, so a group's activations stay in L2 while its
-// weights stream past once.
+// k in blocks of 128 codes through a ring of STAGES shared-memory stages filled STAGES − 2 blocks
+// ahead: the activations by one bulk copy a block (`cp.async.bulk`, landing on the stage's
+// mbarrier), the packed weight by 16-byte `cp.async` from every thread (its rows are strided). One
+// bulk copy instead of 2048 16-byte copies made the kernel 7–9% faster (thirty-third session).
+// Each warpgroup keeps one block's MMAs in flight while it expands the next block's weights (two
+// byte tiles per warpgroup, alternating), so neither the expansion nor its barrier sits between a
+// block's copies landing and its MMAs. Cubes walk the tiles in groups of GROUP activation tiles,
+// so a group's activations stay in L2 while its weights stream past once.
 //
 // Defines: KILN_OUT_KIND (0 f32, 1 f16, 2 bf16). kiln places `hopper/common.cuh` and
 // `hopper/wgmma_int.cuh` before this source.
@@ -55,9 +59,10 @@ __device__ __forceinline__ out_t kiln_out(float v) {
 #endif
 
 // Bytes of dynamic shared memory the launch requests: the stages, the byte tiles, the tile's
-// scales and code sums (`Scales`), and 1 KB more to align the swizzled tiles.
+// scales and code sums (`Scales`), the stages' mbarriers, and 1 KB more to align the swizzled
+// tiles.
 #define SCALES_BYTES ((2 * TOKS + FEATS) * 4)
-#define KILN_SHARED_BYTES (STAGES * STAGE_BYTES + 2 * (THREADS / 128) * CODE_TILE + SCALES_BYTES + 1024)
+#define KILN_SHARED_BYTES (STAGES * STAGE_BYTES + 2 * (THREADS / 128) * CODE_TILE + SCALES_BYTES + STAGES * 8 + 1024)
 
 struct GemmParams {
     u32 m;          // activation rows
@@ -104,16 +109,26 @@ __device__ __forceinline__ void load_scales(Scales* s, const float* x_scales, co
 // Where block `kb` of k lands: stage `kb % STAGES`, the activation tile first, then the weight's.
 __device__ __forceinline__ u32 stage_at(u32 base, int kb) { return base + (kb % STAGES) * STAGE_BYTES; }
 
-// Stages block `kb` of k: TOKS activation rows of BK bytes (swizzled) and FEATS weight rows of
-// BK / 4 bytes (plain); rows past `m` or `n` and bytes past the padded row are zero-filled.
-__device__ __forceinline__ void load_block(u32 stage, const unsigned char* acts, const unsigned char* w, const GemmParams& p, u32 tok0, u32 f0, int kb) {
-    const u32 act_row = p.row_words * 16, w_row = p.row_words * 4;
-    const u32 k0 = kb * BK;
-    #pragma unroll
-    for (int it = 0; it < TOKS * (BK / 16) / THREADS; ++it) {
-        const u32 i = it * THREADS + threadIdx.x, r = i / (BK / 16), c = i % (BK / 16);
-        const bool ok = tok0 + r < p.m && k0 + c * 16 < act_row;
-        copy16(stage + r * 128 + ((c ^ (r % 8)) << 4), ok ? acts + (u64)(tok0 + r) * act_row + k0 + c * 16 : acts, ok ? 16 : 0);
+// The mbarrier on which stage `s`'s activation copy lands (after the scales).
+__device__ __forceinline__ u32 landed_at(u32 base, int s) { return base + STAGES * STAGE_BYTES + 2 * (THREADS / 128) * CODE_TILE + SCALES_BYTES + 8 * s; }
+
+__device__ __forceinline__ void barrier_wait(u32 bar, u32 parity) {
+    u32 done;
+    do {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+
+// Stages block `kb` of k: TOKS activation rows of BK bytes (one bulk copy by thread 0; rows past
+// `m` are not copied, and their sums are never stored) and FEATS weight rows of BK / 4 bytes
+// (plain), zeros past `n` or the padded row.
+__device__ __forceinline__ void load_block(u32 base, const unsigned char* acts, const unsigned char* w, const GemmParams& p, u32 tok0, u32 f0, int kb) {
+    const u32 stage = stage_at(base, kb), w_row = p.row_words * 4;
+    if (threadIdx.x == 0) {
+        const u32 bytes = min((u32)TOKS, p.m - tok0) * BK, landed = landed_at(base, kb % STAGES);
+        asm volatile("{ .reg .b64 s; mbarrier.arrive.expect_tx.shared::cta.b64 s, [%0], %1; }" ::"r"(landed), "r"(bytes) : "memory");
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(stage), "l"(acts + ((u64)kb * p.m + tok0) * BK),
+                     "r"(bytes), "r"(landed) : "memory");
     }
     static_assert(FEATS * (BK / 64) == THREADS, "one weight chunk a thread");
     const u32 r = threadIdx.x / 2, off = kb * (BK / 4) + (threadIdx.x % 2) * 16;
@@ -144,7 +159,8 @@ __device__ __forceinline__ void step(int (&acc)[128], const u32 (&codes)[2], u32
     copy_wait<STAGES - 4>();
     async_proxy_fence();  // this thread's expanded bytes and copies, before the barrier shows them to wgmma
     __syncthreads();
-    if (kb + STAGES - 2 < blocks) load_block(stage_at(base, kb + STAGES - 2), acts, w, p, tok0, f0, kb + STAGES - 2);
+    barrier_wait(landed_at(base, kb % STAGES), (kb / STAGES) & 1);
+    if (kb + STAGES - 2 < blocks) load_block(base, acts, w, p, tok0, f0, kb + STAGES - 2);
     copy_commit();
     const u32 stage = stage_at(base, kb), a = codes[kb % 2];
     wgmma_fence();
@@ -165,7 +181,7 @@ __device__ __forceinline__ void tile_of(u32 cube, const GemmParams& p, u32& tok0
     f0 = (within / size) * FEATS;
 }
 
-// acts `[m, 16 · row_words]` int8 codes; x_scales, x_sums `[m]` f32 (the sums are integers);
+// acts tiled int8 codes (`[blocks][m][128]`, above); x_scales, x_sums `[m]` f32 (the sums are integers);
 // w `[n, row_words]` packed words; w_scales one f32 per `group` rows; out dense `[m, n]`.
 // One cube per (activation tile, weight tile), THREADS threads, KILN_SHARED_BYTES of shared memory.
 extern "C" __global__ void __launch_bounds__(THREADS, 1) kiln_ternary_gemm(
@@ -176,10 +192,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kiln_ternary_gemm(
     const u32 base = (shared_address(shared_raw) + 1023) & ~1023u;
     u32 tok0, f0;
     tile_of(blockIdx.x, p, tok0, f0);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(landed_at(base, s)) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
     const int blocks = (p.row_words * 16 + BK - 1) / BK;
     #pragma unroll
     for (int kb = 0; kb < STAGES - 2; ++kb) {
-        if (kb < blocks) load_block(stage_at(base, kb), acts, w, p, tok0, f0, kb);
+        if (kb < blocks) load_block(base, acts, w, p, tok0, f0, kb);
         copy_commit();
     }
 

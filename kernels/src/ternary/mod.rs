@@ -13,6 +13,8 @@
 
 #[cfg(feature = "cuda")]
 pub mod dp4a;
+#[cfg(feature = "cuda")]
+pub mod wgmma;
 
 use cubecl::prelude::*;
 
@@ -24,6 +26,19 @@ pub const CODES_PER_WORD: usize = 16;
 pub const ROW_GRANULE: usize = 64;
 /// The most activation rows the GEMVs take; more go through the GEMM path.
 pub const GEMV_MAX_ROWS: usize = 8;
+/// The bindings of a product on quantized activations (the CUDA kernels' `dp4a` GEMV and Hopper
+/// GEMM): packed activations `[rows, k]` with their f32 scales and code sums, the packed weight
+/// `[n, k]` with its group scales, and the dense output `[rows, n]`.
+#[cfg(feature = "cuda")]
+pub struct PackedArgs {
+    pub x: cubecl::server::Binding,
+    pub x_scales: cubecl::server::Binding,
+    pub x_sums: cubecl::server::Binding,
+    pub words: cubecl::server::Binding,
+    pub w_scales: cubecl::server::Binding,
+    pub out: cubecl::server::Binding,
+}
+
 /// The longest rows whose integer sums the kernels carry exactly through f32 reductions and
 /// GEMM accumulators (`127 · k < 2²⁴`).
 pub const MAX_K: usize = 1 << 17;
@@ -90,7 +105,8 @@ fn act_row_scale<F: Float>(x: &Array<F>, base: usize, k: usize, #[comptime] layo
 }
 
 /// One cube per activation row: its scale, its int8 codes packed four a word, and the row's
-/// code sum (f32, exact below [`MAX_K`]) for the `dp4a` GEMV's `w + 1` codes.
+/// code sum (f32, exact below [`MAX_K`]) for the CUDA kernels' `w + 1` codes. `tiled` writes the
+/// codes as [`ActCodes::Tiled`] lays them out (`rows` rows in all).
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn quantize_acts_packed_kernel<F: Float>(
@@ -100,6 +116,8 @@ fn quantize_acts_packed_kernel<F: Float>(
     sums: &mut Array<f32>,
     k: usize,
     row_words: usize,
+    rows: usize,
+    #[comptime] tiled: bool,
     #[comptime] layout: RowLayout,
     #[define(F)] _dtype: StorageType,
 ) {
@@ -119,7 +137,13 @@ fn quantize_acts_packed_kernel<F: Float>(
                 word |= (u32::cast_from(i32::cast_from(q)) & 0xff) << (8 * b as u32);
             }
         }
-        words[row * row_words + w] = word;
+        let mut index = row * row_words + w;
+        if tiled {
+            // 32 words (128 codes) a block, blocks outermost; 16-byte chunk c at c ^ (row % 8).
+            let (block, within) = (w / 32, w % 32);
+            index = (block * rows + row) * 32 + (((within / 4) ^ (row % 8)) * 4) + within % 4;
+        }
+        words[index] = word;
         w += layout.units_per_row;
     }
     let total = row_sum(sum, layout);
@@ -308,10 +332,18 @@ fn act_layout<R: Runtime>(client: &ComputeClient<R>) -> RowLayout {
     RowLayout { units_per_row: prev_power_of_two(max_units.max(1)), rows_per_cube: 1, vectors_per_unit: 1, plane_size: plane_size_for_reduction(client) }
 }
 
+/// Codes of an activation row in one block of [`ActCodes::Tiled`].
+pub const TILE_BLOCK: usize = 128;
+
 /// Where the activation codes go: packed words with their rows' code sums, or float codes.
 pub enum ActCodes<R: Runtime> {
     /// `words` `[m, row_words]` (row_words = `k` padded to 64, over 4), `sums` `[m]` f32.
     Packed { words: ArrayArg<R>, sums: ArrayArg<R> },
+    /// As `Packed`, the words `[k / 128 (rounded up), m, 32]`: each row's blocks of
+    /// [`TILE_BLOCK`] codes, block-major, with the row's 16-byte chunk `c` at `c ^ (row % 8)`,
+    /// so one bulk copy stages a block of consecutive rows as the Hopper GEMM's 128-byte-swizzled
+    /// tile (`wgmma::launch_gemm`).
+    Tiled { words: ArrayArg<R>, sums: ArrayArg<R> },
     /// `[m, k]` in the input's dtype.
     Float(ArrayArg<R>),
 }
@@ -330,7 +362,11 @@ pub fn launch_quantize_acts<R: Runtime>(client: &ComputeClient<R>, dtype: Storag
         match codes {
             ActCodes::Packed { words, sums } => {
                 let row_words = k.div_ceil(ROW_GRANULE) * ROW_GRANULE / 4;
-                quantize_acts_packed_kernel::launch_unchecked::<R>(client, count, dim, x, words, scales, sums, k, row_words, layout, dtype)
+                quantize_acts_packed_kernel::launch_unchecked::<R>(client, count, dim, x, words, scales, sums, k, row_words, m, false, layout, dtype)
+            }
+            ActCodes::Tiled { words, sums } => {
+                let row_words = k.div_ceil(TILE_BLOCK) * TILE_BLOCK / 4;
+                quantize_acts_packed_kernel::launch_unchecked::<R>(client, count, dim, x, words, scales, sums, k, row_words, m, true, layout, dtype)
             }
             ActCodes::Float(codes) => quantize_acts_float_kernel::launch_unchecked::<R>(client, count, dim, x, codes, scales, k, layout, dtype),
         }

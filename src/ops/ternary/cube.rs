@@ -1,10 +1,11 @@
 //! Ternary weights on CubeCL backends: the packing and activation kernels, the W2A8 GEMV for
-//! few rows (`dp4a` on CUDA, the portable kernel elsewhere), and for more rows the codes through
-//! kiln's GEMM (cuBLASLt on CUDA) with the scales applied after.
+//! few rows (`dp4a` on CUDA, the portable kernel elsewhere), and for more rows the W2A8 GEMM on
+//! Hopper's integer warpgroup MMA, or elsewhere the codes through kiln's GEMM (cuBLASLt's i8 GEMM
+//! on other CUDA devices) with the scales applied after.
 
 use burn::tensor::{DType, Shape, Tensor, TensorMetadata, ops::FloatTensor};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement, tensor::CubeTensor};
-use kiln_kernels::ternary::{ActCodes, GEMV_MAX_ROWS, launch_dequantize, launch_gemv, launch_quantize_acts, launch_quantize_weight};
+use kiln_kernels::ternary::{ActCodes, GEMV_MAX_ROWS, TILE_BLOCK, launch_dequantize, launch_gemv, launch_quantize_acts, launch_quantize_weight};
 
 use super::format::act_row_words;
 use super::{TernaryBackend, TernaryLayout, TernaryParts, TernaryPrimitive, reference};
@@ -56,7 +57,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> TernaryBac
             return gemv::<R>(x, &weight);
         }
         #[cfg(feature = "cuda")]
-        if let Some(y) = int8::matmul(&x, &weight) {
+        if let Some(y) = wgmma::matmul(&x, &weight).or_else(|| int8::matmul(&x, &weight)) {
             return y;
         }
         // Codes in x's dtype (exact: |q| ≤ 128), their integer sums by the GEMM, then the scales.
@@ -124,14 +125,17 @@ fn dequantize<R: CubeRuntime>(weight: Weight<R>, dtype: DType, unscaled: bool) -
     out
 }
 
-/// Activation rows `[m, k]` quantized to int8 codes packed four a word (`[m, act_row_words]`, an
-/// i8 matrix with rows padded to 64), with their f32 scales and code sums `[m]`.
-fn packed_acts<R: CubeRuntime>(x: &CubeTensor<R>) -> [CubeTensor<R>; 3] {
+/// Activation rows `[m, k]` quantized to int8 codes packed four a word, with their f32 scales and
+/// code sums `[m]`: an i8 matrix `[m, act_row_words]` with rows padded to 64, or with `tiled`
+/// the Hopper GEMM's layout ([`ActCodes::Tiled`]).
+fn packed_acts<R: CubeRuntime>(x: &CubeTensor<R>, tiled: bool) -> [CubeTensor<R>; 3] {
     let [m, k] = dims(x);
-    let words = empty_like_device(x, [m * act_row_words(k)], DType::I32);
+    let row_words = if tiled { k.div_ceil(TILE_BLOCK) * TILE_BLOCK / 4 } else { act_row_words(k) };
+    let words = empty_like_device(x, [m * row_words], DType::I32);
     let scales = empty_like_device(x, [m], DType::F32);
     let sums = empty_like_device(x, [m], DType::F32);
-    let codes = ActCodes::Packed { words: words.clone().into_array_arg(), sums: sums.clone().into_array_arg() };
+    let (words_arg, sums_arg) = (words.clone().into_array_arg(), sums.clone().into_array_arg());
+    let codes = if tiled { ActCodes::Tiled { words: words_arg, sums: sums_arg } } else { ActCodes::Packed { words: words_arg, sums: sums_arg } };
     launch_quantize_acts(&x.client.clone(), storage(x), m, k, x.clone().into_array_arg(), scales.clone().into_array_arg(), codes);
     [words, scales, sums]
 }
@@ -150,7 +154,7 @@ fn gemv<R: CubeRuntime>(x: CubeTensor<R>, weight: &Weight<R>) -> CubeTensor<R> {
     }
     // The code sums serve the `dp4a` kernel only.
     #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
-    let [words, scales, sums] = packed_acts(&x);
+    let [words, scales, sums] = packed_acts(&x, false);
     #[cfg(feature = "cuda")]
     if dp4a::gemv(&x, m, weight, [&words, &scales, &sums], &out) {
         return out;
@@ -171,9 +175,44 @@ fn gemv<R: CubeRuntime>(x: CubeTensor<R>, weight: &Weight<R>) -> CubeTensor<R> {
     out
 }
 
-/// Products of more rows on the integer tensor cores: the activations' packed int8 codes and the
-/// weight's codes unpacked to int8 (a temporary of one byte a weight) through cuBLASLt's i8 GEMM
-/// (exact i32 sums), then one kernel applies the scales.
+/// Products of more rows on Hopper (compute capability 9.0): the activations quantized and packed
+/// by one kernel, then the W2A8 GEMM on the integer warpgroup MMA, which reads the packed weight
+/// and writes the scaled output (`kiln_kernels::ternary::wgmma`).
+#[cfg(feature = "cuda")]
+mod wgmma {
+    use burn_cubecl::{CubeRuntime, tensor::CubeTensor};
+    use kiln_kernels::ternary::PackedArgs;
+    use kiln_kernels::ternary::wgmma::{launch_gemm, serves};
+
+    use super::{Weight, dims, dp4a::float_kind, packed_acts};
+    use crate::backend::cube::cuda::{self, binding};
+    use crate::backend::cube::empty_like_device;
+
+    pub(super) fn matmul<R: CubeRuntime>(x: &CubeTensor<R>, weight: &Weight<R>) -> Option<CubeTensor<R>> {
+        let client = cuda::client(x)?;
+        let kind = float_kind(x.dtype)?;
+        let ([m, k], l) = (dims(x), weight.layout);
+        if !serves(m, l.n, k) || cuda::compute_capability(cuda::device_index(x)?)? != (9, 0) {
+            return None;
+        }
+        let [words, scales, sums] = packed_acts(x, true);
+        let out = empty_like_device(x, [m, l.n], x.dtype);
+        let args = PackedArgs {
+            x: binding(&words),
+            x_scales: binding(&scales),
+            x_sums: binding(&sums),
+            words: binding(&weight.words),
+            w_scales: binding(&weight.scales),
+            out: binding(&out),
+        };
+        launch_gemm(client, kind, m, l.n, k, l.group, args);
+        Some(out)
+    }
+}
+
+/// Products of more rows on other CUDA devices' integer tensor cores: the activations' packed int8
+/// codes and the weight's codes unpacked to int8 (a temporary of one byte a weight) through
+/// cuBLASLt's i8 GEMM (exact i32 sums), then one kernel applies the scales.
 #[cfg(feature = "cuda")]
 mod int8 {
     use burn::tensor::{DType, Shape};
@@ -195,7 +234,7 @@ mod int8 {
         let l = weight.layout;
         let padded = l.padded_k();
         let client = x.client.clone();
-        let [words, scales, _] = packed_acts(x);
+        let [words, scales, _] = packed_acts(x, false);
         let w8 = empty_like_device(x, [l.n * padded / 4], DType::I32);
         launch_unpack_i8(&client, l.words(), weight.words.clone().into_array_arg(), w8.clone().into_array_arg());
         let acc = empty_like_device(x, [1, m, l.n], DType::I32);
@@ -225,21 +264,27 @@ mod dp4a {
     use cubecl::cuda::CudaRuntime;
     use cubecl::prelude::ComputeClient;
     use kiln_kernels::cuda_source::FloatKind;
-    use kiln_kernels::ternary::dp4a::{FusedArgs, GemvArgs, launch_gemv, launch_gemv_fused};
+    use kiln_kernels::ternary::PackedArgs;
+    use kiln_kernels::ternary::dp4a::{FusedArgs, launch_gemv, launch_gemv_fused};
 
     use super::Weight;
     use crate::backend::cube::cuda::{self, binding};
+
+    /// The CUDA kernels' element kind for `dtype`, if they take it (f32, f16, bf16).
+    pub(super) fn float_kind(dtype: DType) -> Option<FloatKind> {
+        match dtype {
+            DType::F32 => Some(FloatKind::F32),
+            DType::F16 => Some(FloatKind::F16),
+            DType::BF16 => Some(FloatKind::Bf16),
+            _ => None,
+        }
+    }
 
     /// The CUDA client and the kernels' element kind for `out`, if `x` lives on a CUDA device
     /// with `dp4a` (compute capability 6.1 and up) and `out` is f32, f16 or bf16.
     fn target<'a, R: CubeRuntime>(x: &'a CubeTensor<R>, out: &CubeTensor<R>) -> Option<(&'a ComputeClient<CudaRuntime>, FloatKind)> {
         let client = cuda::client(x)?;
-        let kind = match out.dtype {
-            DType::F32 => FloatKind::F32,
-            DType::F16 => FloatKind::F16,
-            DType::BF16 => FloatKind::Bf16,
-            _ => return None,
-        };
+        let kind = float_kind(out.dtype)?;
         cuda::capable(x, (6, 1)).then_some((client, kind))
     }
 
@@ -259,7 +304,7 @@ mod dp4a {
         let Some((client, kind)) = target(x, out) else { return false };
         let l = weight.layout;
         let [words, scales, sums] = acts;
-        let args = GemvArgs {
+        let args = PackedArgs {
             x: binding(words),
             x_scales: binding(scales),
             x_sums: binding(sums),
