@@ -49,7 +49,9 @@ class Variant:
         text = open(path).read()
         # Optional header lines "// probe: KEY=VALUE" set the launch geometry of the variant.
         self.env = dict(re.findall(r"^// probe: (\w+)=(\S+)", text, re.M))
-        self.src = patch(text)
+        # `KILN_OUT_KIND` and the output element kiln places before the source (bf16 here).
+        out = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "kernels", "src", "cuda_out.cuh")).read()
+        self.src = "#define KILN_OUT_KIND 2\n" + out + patch(text)
         self.table = int(self.env.get("TABLE", 256 * 32 * 4))
         self.teams = int(self.env.get("TEAMS", 1))
         self.cache = {}

@@ -1,9 +1,11 @@
 """The W2A8 GEMM on Hopper's integer wgmma (`kiln_ternary_gemm` in `kernels/src/ternary/gemm.cu`)
 and edited copies of it, without a Rust build: each `.cu` is built by nvcc for sm_90a after the
-Hopper header and integer wrappers (ptxas' registers, spills and wgmma warnings printed), checked
-bit-exactly against torch (f64 integer sums, then the same f32 division and rounding) on random
-codes, and timed like `benches/peers/gemm.py`'s `gpu_seconds` next to torch's bf16 GEMM and
-`torch._int_mm` (cuBLASLt's int8 GEMM) in the same process.
+Hopper header, the integer wrappers and `cuda_out.cuh` (ptxas' registers, spills and wgmma
+warnings printed), checked bit-exactly against torch (f64 integer sums, then the same f32
+division and rounding) on random codes and scales over 2^-10 … 2^10, and timed like
+`benches/peers/gemm.py`'s `gpu_seconds` next to torch's bf16 GEMM and `torch._int_mm`
+(cuBLASLt's int8 GEMM) in the same process. A source that bulk-copies its activations takes
+them tiled (`ActCodes::Tiled`), the others row-major.
 
 Usage on the GPU machine, from the repository root:
     python3 benches/probes/ternary_gemm.py [variant.cu ...]   (default: the committed kernel)
@@ -39,7 +41,7 @@ class Variant:
 
     def function(self, kind):
         if kind not in self.cache:
-            head = [open(os.path.join(SRC, "hopper", f)).read() for f in ("common.cuh", "wgmma_int.cuh")]
+            head = [open(os.path.join(SRC, *f)).read() for f in (("hopper", "common.cuh"), ("hopper", "wgmma_int.cuh"), ("cuda_out.cuh",))]
             cu = f"/tmp/tgemm_{self.name}_{kind}.cu"
             open(cu, "w").write(f"#define KILN_OUT_KIND {kind}\n" + "\n".join(head + [self.src]))
             cubin = cu.replace(".cu", ".cubin")

@@ -37,7 +37,8 @@ class Variant:
         self.env = dict(re.findall(r"^// probe: (\w+)=(\S+)", text, re.M))
         sig = "const __grid_constant__ FusedParams p) {"
         assert sig in text
-        self.src = text.replace(sig, "unsigned p_n, unsigned p_kv, unsigned p_group, unsigned p_k, unsigned p_it) {\n    const FusedParams p{{p_n, p_kv, p_group}, p_k, p_it};")
+        out = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "kernels", "src", "cuda_out.cuh")).read()
+        self.src = out + text.replace(sig, "unsigned p_n, unsigned p_kv, unsigned p_group, unsigned p_k, unsigned p_it) {\n    const FusedParams p{{p_n, p_kv, p_group}, p_k, p_it};")
         self.cache = {}
 
     def launch(self, n, k, bufs, stream):

@@ -17,6 +17,10 @@ use cubecl::server::{Binding, KernelArguments, MetadataBindingInfo};
 use cubecl::{CompilationError, Compiler, CubeTask};
 use cubecl_cpp::shared::{Body, ComputeKernel, Elem, Flags, Item, SharedMemory};
 
+/// `out_t` and `kiln_out`: the output element a kernel's `KILN_OUT_KIND` names, for the CUDA C++
+/// kernels that write f32, f16 or bf16 (placed before their source).
+pub const OUT_ELEMENT: &str = include_str!("cuda_out.cuh");
+
 /// Element type of a CUDA C++ kernel's float inputs and outputs, as its `KILN_*_KIND` defines
 /// number them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

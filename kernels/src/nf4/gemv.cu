@@ -38,9 +38,10 @@
 // 8192 → 28672, where the interleaved order read 128 bytes of a row per warp at a time (`benches/RESULTS.md`,
 // thirty-second session; register loads instead of the ring ran at ~1 TB/s, thirty-first).
 //
-// Defines: KILN_ROWS (1..8), KILN_KIND (1 f16, 2 bf16: activations and output), KILN_WARPS
-// (warps a cube), KILN_NESTED (1: double-quantized scales), KILN_UNROLL (spans a group: 2 or 4),
-// KILN_STAGES (slots a ring), KILN_MIN_BLOCKS (cubes an SM should hold: the register budget).
+// Defines: KILN_ROWS (1..8), KILN_KIND (1 f16, 2 bf16: activations and output; KILN_OUT_KIND the
+// same), KILN_WARPS (warps a cube), KILN_NESTED (1: double-quantized scales), KILN_UNROLL (spans
+// a group: 2 or 4), KILN_STAGES (slots a ring), KILN_MIN_BLOCKS (cubes an SM should hold: the
+// register budget). kiln places `cuda_out.cuh` (the output element) before this source.
 
 #define KILN_THREADS (KILN_WARPS * 32)
 #define KILN_SPAN 64
@@ -49,16 +50,6 @@
 #define KILN_ROW_BYTES (KILN_UNROLL * 32 + 32)
 #define KILN_SLOT_BYTES (16 * KILN_ROW_BYTES)
 #define KILN_TABLE_BYTES (256 * 32 * 4)
-
-__device__ __forceinline__ unsigned kiln_half_bits(float v) {
-    unsigned short r;
-#if KILN_KIND == 1
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(v));
-#else
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(v));
-#endif
-    return r;
-}
 
 #if KILN_KIND == 1
 #define KILN_MMA "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
@@ -177,7 +168,7 @@ extern "C" __global__ void __launch_bounds__(KILN_THREADS, KILN_MIN_BLOCKS) kiln
     for (unsigned j = 0; j < KILN_STAGES - 1; ++j) issue();
 
     for (unsigned e = tid; e < 256; e += KILN_THREADS) {
-        const unsigned v = kiln_half_bits(__ldg(code + (e >> 4))) | (kiln_half_bits(__ldg(code + (e & 15))) << 16);
+        const unsigned v = (unsigned)kiln_out(__ldg(code + (e >> 4))) | ((unsigned)kiln_out(__ldg(code + (e & 15))) << 16);
         uint4* entry = kiln_shared_words + e * 8;
 #pragma unroll
         for (int c = 0; c < 8; ++c) entry[c] = make_uint4(v, v, v, v);
@@ -262,7 +253,7 @@ extern "C" __global__ void __launch_bounds__(KILN_THREADS, KILN_MIN_BLOCKS) kiln
 #pragma unroll
                 for (int w = 0; w < KILN_WARPS; ++w) v += partial[w][i][lane];
                 const unsigned feature = tile * 16 + g + (i >= 2 ? 8 : 0), row = 2 * t + i % 2;
-                if (feature < p.n && row < KILN_ROWS) out[(size_t)row * p.n + feature] = (unsigned short)kiln_half_bits(v);
+                if (feature < p.n && row < KILN_ROWS) out[(size_t)row * p.n + feature] = kiln_out(v);
             }
         }
         __syncthreads();

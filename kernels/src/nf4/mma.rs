@@ -9,10 +9,10 @@ use cubecl::cuda::CudaRuntime;
 use cubecl::prelude::*;
 use cubecl::server::Binding;
 
-use crate::cuda_source::{CudaSourceKernel, FloatKind, fingerprint};
+use crate::cuda_source::{CudaSourceKernel, FloatKind, OUT_ELEMENT, fingerprint};
 
 const SOURCE: &str = include_str!("gemv.cu");
-const FINGERPRINT: u64 = fingerprint(&[SOURCE]);
+const FINGERPRINT: u64 = fingerprint(&[OUT_ELEMENT, SOURCE]);
 /// The most activation rows: the MMA's N.
 pub const MMA_MAX_ROWS: usize = 8;
 /// Elements of a row a warp takes at a time (one scale block or a part of one).
@@ -84,7 +84,7 @@ fn shared_bytes(warps: usize, unroll: usize, stages: usize) -> usize {
 fn source(params: &[u32]) -> String {
     let [rows, kind, warps, nested, unroll, stages, min_blocks] = params else { unreachable!("seven nf4 mma parameters") };
     format!(
-        "#define KILN_ROWS {rows}\n#define KILN_KIND {kind}\n#define KILN_WARPS {warps}\n#define KILN_NESTED {nested}\n#define KILN_UNROLL {unroll}\n#define KILN_STAGES {stages}\n#define KILN_MIN_BLOCKS {min_blocks}\n{SOURCE}"
+        "#define KILN_ROWS {rows}\n#define KILN_KIND {kind}\n#define KILN_OUT_KIND {kind}\n#define KILN_WARPS {warps}\n#define KILN_NESTED {nested}\n#define KILN_UNROLL {unroll}\n#define KILN_STAGES {stages}\n#define KILN_MIN_BLOCKS {min_blocks}\n{OUT_ELEMENT}\n{SOURCE}"
     )
 }
 

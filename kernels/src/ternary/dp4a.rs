@@ -8,10 +8,10 @@ use cubecl::prelude::*;
 use cubecl::server::Binding;
 
 use super::{GEMV_MAX_ROWS, MAX_K, PackedArgs, ROW_GRANULE};
-use crate::cuda_source::{CudaSourceKernel, FloatKind, fingerprint};
+use crate::cuda_source::{CudaSourceKernel, FloatKind, OUT_ELEMENT, fingerprint};
 
 const SOURCE: &str = include_str!("gemv.cu");
-const FINGERPRINT: u64 = fingerprint(&[SOURCE]);
+const FINGERPRINT: u64 = fingerprint(&[OUT_ELEMENT, SOURCE]);
 /// Threads per cube.
 const CUBE_THREADS: usize = 256;
 
@@ -49,7 +49,7 @@ fn prev_power_of_two(v: usize) -> usize {
 
 fn source(params: &[u32]) -> String {
     let [rows, threads, features, out, input] = params else { unreachable!("five gemv parameters") };
-    format!("#define KILN_ROWS {rows}\n#define KILN_T {threads}\n#define KILN_FPT {features}\n#define KILN_OUT_KIND {out}\n#define KILN_IN_KIND {input}\n{SOURCE}")
+    format!("#define KILN_ROWS {rows}\n#define KILN_T {threads}\n#define KILN_FPT {features}\n#define KILN_OUT_KIND {out}\n#define KILN_IN_KIND {input}\n{OUT_ELEMENT}\n{SOURCE}")
 }
 
 /// The kernel variant for `rows` activation rows against `[n, k]`, with its tiling.

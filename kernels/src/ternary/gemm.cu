@@ -25,8 +25,8 @@
 // block's copies landing and its MMAs. Cubes walk the tiles in groups of GROUP activation tiles,
 // so a group's activations stay in L2 while its weights stream past once.
 //
-// Defines: KILN_OUT_KIND (0 f32, 1 f16, 2 bf16). kiln places `hopper/common.cuh` and
-// `hopper/wgmma_int.cuh` before this source.
+// Defines: KILN_OUT_KIND (0 f32, 1 f16, 2 bf16). kiln places `hopper/common.cuh`,
+// `hopper/wgmma_int.cuh` and `cuda_out.cuh` (the output element) before this source.
 
 #define FEATS 128
 #define TOKS 256
@@ -41,22 +41,6 @@
 #define CODE_TILE (64 * BK)
 // Output tile rows in shared memory are padded by 16 bytes so that a warp's stores spread over banks.
 #define OUT_PITCH (FEATS + 16 / (int)sizeof(out_t))
-
-#if KILN_OUT_KIND == 0
-typedef float out_t;
-__device__ __forceinline__ out_t kiln_out(float v) { return v; }
-#else
-typedef unsigned short out_t;
-__device__ __forceinline__ out_t kiln_out(float v) {
-    unsigned short r;
-#if KILN_OUT_KIND == 1
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(v));
-#else
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(v));
-#endif
-    return r;
-}
-#endif
 
 // Bytes of dynamic shared memory the launch requests: the stages, the byte tiles, the tile's
 // scales and code sums (`Scales`), the stages' mbarriers, and 1 KB more to align the swizzled

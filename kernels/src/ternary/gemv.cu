@@ -13,25 +13,10 @@
 //   memory first (absmax, codes, code sums; the same definition as the activation kernel), then
 //   strides over output features, so a product is one launch.
 // Defines: KILN_ROWS (activation rows, 1..8), KILN_T, KILN_FPT, KILN_OUT_KIND and KILN_IN_KIND
-// (0 f32, 1 f16, 2 bf16; the input kind only matters to the fused entry).
+// (0 f32, 1 f16, 2 bf16; the input kind only matters to the fused entry). kiln places
+// `cuda_out.cuh` (the output element) before this source.
 
 #define KILN_CUBE 256
-
-#if KILN_OUT_KIND == 0
-typedef float out_t;
-__device__ __forceinline__ out_t kiln_out(float v) { return v; }
-#else
-typedef unsigned short out_t;
-__device__ __forceinline__ out_t kiln_out(float v) {
-    unsigned short r;
-#if KILN_OUT_KIND == 1
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(v));
-#else
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(v));
-#endif
-    return r;
-}
-#endif
 
 #if KILN_IN_KIND == 0
 typedef float in_t;

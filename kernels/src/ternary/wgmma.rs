@@ -1,5 +1,5 @@
 //! The W2A8 GEMM on Hopper's integer warpgroup MMA (`gemm.cu`, CUDA C++ after [`crate::hopper`]'s
-//! header and integer wrappers), launched through CubeCL's CUDA runtime ([`crate::cuda_source`]).
+//! header and integer wrappers and [`OUT_ELEMENT`]), launched through CubeCL's CUDA runtime ([`crate::cuda_source`]).
 //!
 //! It serves products of more rows than the GEMV takes on compute capability 9.0: the packed
 //! weight is read at 2 bits a weight and expanded to bytes in shared memory, and the scales are
@@ -12,11 +12,11 @@ use cubecl::cuda::CudaRuntime;
 use cubecl::prelude::*;
 
 use super::{MAX_K, PackedArgs, ROW_GRANULE};
-use crate::cuda_source::{CudaSourceKernel, FloatKind, fingerprint};
+use crate::cuda_source::{CudaSourceKernel, FloatKind, OUT_ELEMENT, fingerprint};
 use crate::hopper::{COMMON, WGMMA_INT};
 
 const SOURCE: &str = include_str!("gemm.cu");
-const FINGERPRINT: u64 = fingerprint(&[COMMON, WGMMA_INT, SOURCE]);
+const FINGERPRINT: u64 = fingerprint(&[COMMON, WGMMA_INT, OUT_ELEMENT, SOURCE]);
 
 /// `gemm.cu`'s tile (`FEATS` weight rows by `TOKS` activation rows) and threads per cube.
 const FEATS: usize = 128;
@@ -30,7 +30,7 @@ const SHARED_BYTES: usize = 5 * (TOKS * 128 + FEATS * 32) + 2 * 2 * 64 * 128 + (
 
 fn source(params: &[u32]) -> String {
     let [out] = params else { unreachable!("one gemm parameter") };
-    format!("#define KILN_OUT_KIND {out}\n{COMMON}\n{WGMMA_INT}\n{SOURCE}")
+    format!("#define KILN_OUT_KIND {out}\n{COMMON}\n{WGMMA_INT}\n{OUT_ELEMENT}\n{SOURCE}")
 }
 
 /// Whether the kernel takes `m` activation rows against a `[n, k]` weight: `k` up to [`MAX_K`],
