@@ -88,63 +88,81 @@ fn quantize_weight_kernel<F: Float>(
     words[w] = word;
 }
 
-/// The int8 scale `127 / max(max|x|, 1e-5)` of the row starting at `base`, every unit of the
-/// row taking part (one row per cube).
+/// The int8 scale `127 / max(max|x|, 1e-5)` of the row of `vectors` vectors starting at vector
+/// `base`, every unit of the row taking part (one row per cube).
 #[cube]
-fn act_row_scale<F: Float>(x: &Array<F>, base: usize, k: usize, #[comptime] layout: RowLayout) -> f32 {
+fn act_row_scale<F: Float, N: Size>(x: &Array<Vector<F, N>>, base: usize, vectors: usize, #[comptime] layout: RowLayout) -> f32 {
     let mut local = 0.0f32;
     let mut j = UNIT_POS_X as usize;
-    while j < k {
-        // `v > local` skips a NaN (whose code is 0 anyway).
-        let v = f32::cast_from(x[base + j]).abs();
-        local = select(v > local, v, local);
+    while j < vectors {
+        let v = Vector::<f32, N>::cast_from(x[base + j]);
+        #[unroll]
+        for e in 0..N::value() {
+            // `a > local` skips a NaN (whose code is 0 anyway).
+            let a = v[e].abs();
+            local = select(a > local, a, local);
+        }
         j += layout.units_per_row;
     }
     let abs_max = row_max(local, layout);
     127.0f32 / abs_max.max(1e-5f32)
 }
 
+/// The int8 code of `x` under scale `s`, as a float.
+#[cube]
+fn act_code(x: f32, s: f32) -> f32 {
+    round_clamp(x * s, -128.0, 127.0)
+}
+
 /// One cube per activation row: its scale, its int8 codes packed four a word, and the row's
-/// code sum (f32, exact below [`MAX_K`]) for the CUDA kernels' `w + 1` codes. `tiled` writes the
-/// codes as [`ActCodes::Tiled`] lays them out (`rows` rows in all).
+/// code sum (f32, exact below [`MAX_K`]) for the CUDA kernels' `w + 1` codes. Each unit takes
+/// quads of words (16 codes, one 16-byte store), reading the row `N` values a load (`N` divides
+/// `k`, `per_quad = 16 / N` loads a quad; `W` is 4, a quad). `tiled` writes the quads as [`ActCodes::Tiled`] lays them out (`rows`
+/// rows in all).
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-fn quantize_acts_packed_kernel<F: Float>(
-    x: &Array<F>,
-    words: &mut Array<u32>,
+fn quantize_acts_packed_kernel<F: Float, N: Size, W: Size>(
+    x: &Array<Vector<F, N>>,
+    words: &mut Array<Vector<u32, W>>,
     scales: &mut Array<f32>,
     sums: &mut Array<f32>,
     k: usize,
-    row_words: usize,
+    row_quads: usize,
     rows: usize,
+    #[comptime] per_quad: usize,
     #[comptime] tiled: bool,
     #[comptime] layout: RowLayout,
     #[define(F)] _dtype: StorageType,
 ) {
     let row = row_index(layout);
-    let base = row * k;
-    let s = act_row_scale(x, base, k, layout);
+    let vectors = k / N::value();
+    let base = row * vectors;
+    let s = act_row_scale(x, base, vectors, layout);
     let mut sum = 0.0f32;
-    let mut w = UNIT_POS_X as usize;
-    while w < row_words {
-        let mut word = 0u32;
+    let mut q = UNIT_POS_X as usize;
+    while q < row_quads {
+        let mut quad = Vector::<u32, W>::new(0u32);
         #[unroll]
-        for b in 0..4usize {
-            let j = w * 4 + b;
-            if j < k {
-                let q = round_clamp(f32::cast_from(x[base + j]) * s, -128.0, 127.0);
-                sum += q;
-                word |= (u32::cast_from(i32::cast_from(q)) & 0xff) << (8 * b as u32);
+        for vi in 0..per_quad {
+            let v = q * per_quad + vi;
+            if v < vectors {
+                let values = Vector::<f32, N>::cast_from(x[base + v]);
+                #[unroll]
+                for e in 0..N::value() {
+                    let c = act_code(values[e], s);
+                    sum += c;
+                    let at = vi * N::value() + e;
+                    quad[at / 4] |= (u32::cast_from(i32::cast_from(c)) & 0xff) << ((8 * (at % 4)) as u32);
+                }
             }
         }
-        let mut index = row * row_words + w;
+        let mut index = row * row_quads + q;
         if tiled {
-            // 32 words (128 codes) a block, blocks outermost; 16-byte chunk c at c ^ (row % 8).
-            let (block, within) = (w / 32, w % 32);
-            index = (block * rows + row) * 32 + (((within / 4) ^ (row % 8)) * 4) + within % 4;
+            // 8 quads (128 codes) a block, blocks outermost; quad c of a block at c ^ (row % 8).
+            index = ((q / 8) * rows + row) * 8 + ((q % 8) ^ (row % 8));
         }
-        words[index] = word;
-        w += layout.units_per_row;
+        words[index] = quad;
+        q += layout.units_per_row;
     }
     let total = row_sum(sum, layout);
     if UNIT_POS_X == 0 {
@@ -153,22 +171,30 @@ fn quantize_acts_packed_kernel<F: Float>(
     }
 }
 
-/// One cube per activation row: its scale and its int8 codes as floats in `F` (for a GEMM).
+/// One cube per activation row: its scale and its int8 codes as floats in `F` (for a GEMM), `N`
+/// values a load and store (`N` divides `k`).
 #[cube(launch_unchecked)]
-fn quantize_acts_float_kernel<F: Float>(
-    x: &Array<F>,
-    codes: &mut Array<F>,
+fn quantize_acts_float_kernel<F: Float, N: Size>(
+    x: &Array<Vector<F, N>>,
+    codes: &mut Array<Vector<F, N>>,
     scales: &mut Array<f32>,
     k: usize,
     #[comptime] layout: RowLayout,
     #[define(F)] _dtype: StorageType,
 ) {
     let row = row_index(layout);
-    let base = row * k;
-    let s = act_row_scale(x, base, k, layout);
+    let vectors = k / N::value();
+    let base = row * vectors;
+    let s = act_row_scale(x, base, vectors, layout);
     let mut j = UNIT_POS_X as usize;
-    while j < k {
-        codes[base + j] = F::cast_from(round_clamp(f32::cast_from(x[base + j]) * s, -128.0, 127.0));
+    while j < vectors {
+        let values = Vector::<f32, N>::cast_from(x[base + j]);
+        let mut out = Vector::<f32, N>::new(0.0);
+        #[unroll]
+        for e in 0..N::value() {
+            out[e] = act_code(values[e], s);
+        }
+        codes[base + j] = Vector::cast_from(out);
         j += layout.units_per_row;
     }
     if UNIT_POS_X == 0 {
@@ -356,19 +382,21 @@ pub fn launch_quantize_acts<R: Runtime>(client: &ComputeClient<R>, dtype: Storag
     let layout = act_layout(client);
     // One cube per row: the grid has exactly `m` cubes.
     let (count, dim) = (CubeCount::Static(m as u32, 1, 1), layout.cube_dim());
+    // Loads of up to 16 bytes; `N` divides `k`, so a row is whole vectors.
+    let vector = crate::row::vector_size_for(client, k, dtype.size(), 16);
     // SAFETY: `x` is `[m, k]`, `scales` `[m]`, the codes sized as `ActCodes` documents; every
-    // index stays below `k` or `row_words` within row `CUBE_POS < m`.
+    // index stays below `k` or the row's words within row `CUBE_POS < m`.
     unsafe {
         match codes {
             ActCodes::Packed { words, sums } => {
-                let row_words = k.div_ceil(ROW_GRANULE) * ROW_GRANULE / 4;
-                quantize_acts_packed_kernel::launch_unchecked::<R>(client, count, dim, x, words, scales, sums, k, row_words, m, false, layout, dtype)
+                let row_quads = k.div_ceil(ROW_GRANULE) * ROW_GRANULE / 16;
+                quantize_acts_packed_kernel::launch_unchecked::<R>(client, count, dim, vector, 4, x, words, scales, sums, k, row_quads, m, 16 / vector, false, layout, dtype)
             }
             ActCodes::Tiled { words, sums } => {
-                let row_words = k.div_ceil(TILE_BLOCK) * TILE_BLOCK / 4;
-                quantize_acts_packed_kernel::launch_unchecked::<R>(client, count, dim, x, words, scales, sums, k, row_words, m, true, layout, dtype)
+                let row_quads = k.div_ceil(TILE_BLOCK) * TILE_BLOCK / 16;
+                quantize_acts_packed_kernel::launch_unchecked::<R>(client, count, dim, vector, 4, x, words, scales, sums, k, row_quads, m, 16 / vector, true, layout, dtype)
             }
-            ActCodes::Float(codes) => quantize_acts_float_kernel::launch_unchecked::<R>(client, count, dim, x, codes, scales, k, layout, dtype),
+            ActCodes::Float(codes) => quantize_acts_float_kernel::launch_unchecked::<R>(client, count, dim, vector, x, codes, scales, k, layout, dtype),
         }
     }
 }
