@@ -117,8 +117,8 @@ fn act_code(x: f32, s: f32) -> f32 {
 /// One cube per activation row: its scale, its int8 codes packed four a word, and the row's
 /// code sum (f32, exact below [`MAX_K`]) for the CUDA kernels' `w + 1` codes. Each unit takes
 /// quads of words (16 codes, one 16-byte store), reading the row `N` values a load (`N` divides
-/// `k`, `per_quad = 16 / N` loads a quad; `W` is 4, a quad). `tiled` writes the quads as [`ActCodes::Tiled`] lays them out (`rows`
-/// rows in all).
+/// `k`, `per_quad = 16 / N` loads a quad; `W` is 4, a quad). `tiled` writes the quads as
+/// [`ActCodes::Tiled`] lays them out (`rows` rows in all).
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn quantize_acts_packed_kernel<F: Float, N: Size, W: Size>(
