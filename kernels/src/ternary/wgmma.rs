@@ -38,16 +38,24 @@ fn source(params: &[u32]) -> String {
 /// path against this one). The device must be compute capability 9.0 too (the source is `sm_90a`):
 /// the caller checks that.
 pub fn serves(m: usize, n: usize, k: usize) -> bool {
-    let tiles = m.div_ceil(TOKS) * n.div_ceil(FEATS);
-    m > 0 && n > 0 && (1..=MAX_K).contains(&k) && tiles < i32::MAX as usize && crate::measurement_override("KILN_TERNARY_WGMMA", 0..=1) != Some(0)
+    fits(m, n, k) && crate::measurement_override("KILN_TERNARY_WGMMA", 0..=1) != Some(0)
+}
+
+/// The shape limits of [`serves`].
+fn fits(m: usize, n: usize, k: usize) -> bool {
+    m > 0 && n > 0 && (1..=MAX_K).contains(&k) && tiles(m, n) < i32::MAX as usize
+}
+
+/// Cubes of a launch: one per (activation tile, weight tile).
+fn tiles(m: usize, n: usize) -> usize {
+    m.div_ceil(TOKS) * n.div_ceil(FEATS)
 }
 
 /// Enqueues `out = (Σ c_w · q_x − Σ q_x) / (s_x · s_w)` for `m` activation rows (`args.x` in the
 /// [`super::ActCodes::Tiled`] layout) against the packed `[n, k]` weight (`group` rows a scale),
 /// output elements of `out_kind`, for a shape the kernel [`serves`].
 pub fn launch_gemm(client: &ComputeClient<CudaRuntime>, out_kind: FloatKind, m: usize, n: usize, k: usize, group: usize, args: PackedArgs) {
-    assert!(serves(m, n, k), "kiln ternary wgmma gemm: {m} rows against [{n}, {k}]");
-    let tiles = m.div_ceil(TOKS) * n.div_ceil(FEATS);
+    assert!(fits(m, n, k), "kiln ternary wgmma gemm: {m} rows against [{n}, {k}]");
     let kernel = CudaSourceKernel {
         entry: "kiln_ternary_gemm",
         key: (FINGERPRINT, vec![out_kind as u32]),
@@ -58,5 +66,5 @@ pub fn launch_gemm(client: &ComputeClient<CudaRuntime>, out_kind: FloatKind, m: 
     let buffers = vec![args.x, args.x_scales, args.x_sums, args.words, args.w_scales, args.out];
     // `GemmParams`: rows, features, packed words a weight row, rows a scale.
     let params = [m, n, k.div_ceil(ROW_GRANULE) * ROW_GRANULE / super::CODES_PER_WORD, group].map(|v| v as u32);
-    kernel.launch(client, CubeCount::Static(tiles as u32, 1, 1), buffers, &params);
+    kernel.launch(client, CubeCount::Static(tiles(m, n) as u32, 1, 1), buffers, &params);
 }

@@ -181,11 +181,11 @@ fn gemv<R: CubeRuntime>(x: CubeTensor<R>, weight: &Weight<R>) -> CubeTensor<R> {
 #[cfg(feature = "cuda")]
 mod wgmma {
     use burn_cubecl::{CubeRuntime, tensor::CubeTensor};
-    use kiln_kernels::ternary::PackedArgs;
     use kiln_kernels::ternary::wgmma::{launch_gemm, serves};
 
-    use super::{Weight, dims, dp4a::float_kind, packed_acts};
-    use crate::backend::cube::cuda::{self, binding};
+    use super::dp4a::{float_kind, packed_args};
+    use super::{Weight, dims, packed_acts};
+    use crate::backend::cube::cuda;
     use crate::backend::cube::empty_like_device;
 
     pub(super) fn matmul<R: CubeRuntime>(x: &CubeTensor<R>, weight: &Weight<R>) -> Option<CubeTensor<R>> {
@@ -197,15 +197,7 @@ mod wgmma {
         }
         let [words, scales, sums] = packed_acts(x, true);
         let out = empty_like_device(x, [m, l.n], x.dtype);
-        let args = PackedArgs {
-            x: binding(&words),
-            x_scales: binding(&scales),
-            x_sums: binding(&sums),
-            words: binding(&weight.words),
-            w_scales: binding(&weight.scales),
-            out: binding(&out),
-        };
-        launch_gemm(client, kind, m, l.n, k, l.group, args);
+        launch_gemm(client, kind, m, l.n, k, l.group, packed_args([&words, &scales, &sums], weight, &out));
         Some(out)
     }
 }
@@ -270,6 +262,20 @@ mod dp4a {
     use super::Weight;
     use crate::backend::cube::cuda::{self, binding};
 
+    /// The bindings of a product on quantized activations (`[words, scales, sums]`), for the
+    /// `dp4a` GEMV and the Hopper GEMM.
+    pub(super) fn packed_args<R: CubeRuntime>(acts: [&CubeTensor<R>; 3], weight: &Weight<R>, out: &CubeTensor<R>) -> PackedArgs {
+        let [words, scales, sums] = acts;
+        PackedArgs {
+            x: binding(words),
+            x_scales: binding(scales),
+            x_sums: binding(sums),
+            words: binding(&weight.words),
+            w_scales: binding(&weight.scales),
+            out: binding(out),
+        }
+    }
+
     /// The CUDA kernels' element kind for `dtype`, if they take it (f32, f16, bf16).
     pub(super) fn float_kind(dtype: DType) -> Option<FloatKind> {
         match dtype {
@@ -303,15 +309,7 @@ mod dp4a {
     pub(super) fn gemv<R: CubeRuntime>(x: &CubeTensor<R>, m: usize, weight: &Weight<R>, acts: [&CubeTensor<R>; 3], out: &CubeTensor<R>) -> bool {
         let Some((client, kind)) = target(x, out) else { return false };
         let l = weight.layout;
-        let [words, scales, sums] = acts;
-        let args = PackedArgs {
-            x: binding(words),
-            x_scales: binding(scales),
-            x_sums: binding(sums),
-            words: binding(&weight.words),
-            w_scales: binding(&weight.scales),
-            out: binding(out),
-        };
+        let args = packed_args(acts, weight, out);
         launch_gemv(client, kind, m, l.n, l.k, l.group, args);
         true
     }
