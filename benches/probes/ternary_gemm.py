@@ -146,4 +146,5 @@ def main():
         torch.cuda.empty_cache()
 
 
-main()
+if __name__ == "__main__":
+    main()

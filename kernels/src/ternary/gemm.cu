@@ -224,20 +224,5 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kiln_ternary_gemm(
     }
     __syncthreads();
 
-    // Copy the tile out in 16-byte pieces along each output row (element by element where the row
-    // is not 16-byte aligned or the piece runs past `n`).
-    constexpr int PER = 16 / sizeof(out_t), CHUNKS = FEATS / PER;
-    const bool aligned = (p.n * sizeof(out_t)) % 16 == 0;
-    for (int i = threadIdx.x; i < TOKS * CHUNKS; i += THREADS) {
-        const int r = i / CHUNKS, c = i % CHUNKS;
-        if (tok0 + r >= p.m) break;
-        const u32 f = f0 + c * PER;
-        out_t* dst = out + (u64)(tok0 + r) * p.n + f;
-        const out_t* src = tile + r * OUT_PITCH + c * PER;
-        if (aligned && f + PER <= p.n) {
-            *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
-        } else {
-            for (int e = 0; e < PER && f + e < p.n; ++e) dst[e] = src[e];
-        }
-    }
+    store_tile<TOKS, FEATS, THREADS>(out, tile, OUT_PITCH, p.m, p.n, tok0, f0);
 }

@@ -1,0 +1,125 @@
+"""The ternary input gradient on Hopper's warpgroup MMA (`kiln_ternary_input_grad` in
+`kernels/src/ternary/grad.cu`) and edited copies of it, without a Rust build: each `.cu` is built
+by nvcc for sm_90a after the Hopper header, the float wrappers and `cuda_out.cuh` (ptxas'
+registers, spills and wgmma warnings printed), checked against an f64 product of the same
+dequantized weight (the error rule: within twice the error of cuBLAS multiplying that weight, in
+the same dtype, plus one rounding), and timed like `benches/peers/gemm.py`'s `gpu_seconds` next to
+torch's GEMM on the dequantized weight (the path the kernel replaces, without its dequantization).
+
+Usage on the GPU machine, from the repository root:
+    python3 benches/probes/ternary_grad.py [variant.cu ...]   (default: the committed kernel)
+Environment: SHAPES (`m`x`n`x`k` list: dy `[m, n]`, weight `[n, k]`), KINDS (1 f16, 2 bf16;
+default both on the first shape, bf16 after; timings are of the last kind)."""
+import os, subprocess, sys
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "peers"))
+sys.path.insert(0, HERE)
+from gemm import gpu_seconds  # noqa: E402  (CUDA events behind torch.cuda._sleep)
+from ternary_gemm import pack  # noqa: E402
+import cupy as cp  # noqa: E402
+
+SRC = os.path.join(HERE, "..", "..", "kernels", "src")
+SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ.get(
+    "SHAPES", "300x1000x2600,17x64x200,4096x11008x4096,4096x4096x11008,2048x28672x8192,8192x28672x8192,512x11008x4096").split(",")]
+DTYPES = {1: torch.float16, 2: torch.bfloat16}
+COLS, TOKS = 128, 256
+
+
+class Variant:
+    def __init__(self, path):
+        self.name = os.path.basename(path)
+        text = open(path).read()
+        sig = "const __grid_constant__ GradParams p) {"
+        assert sig in text
+        self.src = text.replace(sig, "u32 p_m, u32 p_n, u32 p_k, u32 p_rw, u32 p_group, u32 p_mlo, u32 p_mhi) {\n    const GradParams p{p_m, p_n, p_k, p_rw, p_group, p_mlo, p_mhi};")
+        self.src += '\nextern "C" __global__ void shared_bytes(u32* o) { o[0] = KILN_SHARED_BYTES; o[1] = THREADS; }\n'
+        self.cache = {}
+
+    def function(self, kind):
+        if kind not in self.cache:
+            head = [open(os.path.join(SRC, *f)).read() for f in (("hopper", "common.cuh"), ("hopper", "wgmma.cuh"), ("cuda_out.cuh",))]
+            cu = f"/tmp/tgrad_{self.name}_{kind}.cu"
+            wgmma_type = "f16" if kind == 1 else "bf16"
+            open(cu, "w").write(f"#define KILN_OUT_KIND {kind}\n#define KILN_WGMMA_TYPE \"{wgmma_type}\"\n" + "\n".join(head + [self.src]))
+            cubin = cu.replace(".cu", ".cubin")
+            r = subprocess.run(["nvcc", "-cubin", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", cu, "-o", cubin], capture_output=True, text=True)
+            info = [l.strip() for l in (r.stdout + r.stderr).splitlines() if any(w in l.lower() for w in ("registers", "spill", "error", "warn", "wgmma"))]
+            print(f"build {self.name} kind {kind}: rc {r.returncode}; " + " | ".join(info[-6:]), flush=True)
+            if r.returncode != 0:
+                print(r.stderr[-4000:])
+                sys.exit(1)
+            mod = cp.RawModule(path=cubin)
+            fn = mod.get_function("kiln_ternary_input_grad")
+            sb = cp.zeros(2, dtype=cp.uint32)
+            mod.get_function("shared_bytes")((1,), (1,), (sb,))
+            shared, threads = (int(v) for v in sb.get())
+            fn.max_dynamic_shared_size_bytes = shared
+            self.cache[kind] = (fn, shared, threads)
+        return self.cache[kind]
+
+    def launch(self, kind, m, n, k, row_words, group, bufs, stream):
+        fn, shared, threads = self.function(kind)
+        cubes = -(-m // TOKS) * -(-k // COLS)
+        u = cp.uint32
+        magic = -(-(1 << 64) // group) if group > 1 else 0  # ⌈2^64 / group⌉, as kiln computes it
+        fn((cubes,), (threads,), bufs + (u(m), u(n), u(k), u(row_words), u(group), u(magic & 0xFFFFFFFF), u(magic >> 32)), shared_mem=shared, stream=stream)
+
+
+def bits(t):
+    return cp.asarray(t.view(torch.int16))
+
+
+def main():
+    paths = sys.argv[1:] or [os.path.join(SRC, "ternary", "grad.cu")]
+    variants = [Variant(p) for p in paths]
+    stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for index, (m, n, k) in enumerate(SHAPES):
+        kp = -(-k // 64) * 64
+        group = (7, 1)[index] if index < 2 else n
+        wc = torch.randint(0, 3, (n, kp), device="cuda", dtype=torch.int8, generator=gen)
+        wc[:, k:] = 1
+        words = pack(wc)
+        # scales s = 1 / mean|W| of trained weights are ~10…1000; here 2^0 … 2^12
+        sw = torch.exp2(torch.rand(-(-n // group), device="cuda", generator=gen) * 12)
+        line = f"m{m} n{n} k{k}:"
+        flops = 2 * m * n * k
+        kinds = [int(v) for v in os.environ["KINDS"].split(",")] if "KINDS" in os.environ else [1, 2] if index < 2 else [2]
+        for kind in kinds:
+            dtype = DTYPES[kind]
+            dy = torch.randn(m, n, device="cuda", dtype=dtype, generator=gen)
+            # the dequantized weight: (c − 1) · (1 / s) in f32, rounded once to the dtype
+            w = ((wc[:, :k].float() - 1) * (1.0 / sw).repeat_interleave(group)[:n, None]).to(dtype)
+            ref = dy.double() @ w.double()
+            torch_out = dy @ w
+            scale = ref.abs().max().item()
+            torch_err = (torch_out.double() - ref).abs().max().item() / scale
+            line += f" | kind {kind} cuBLAS err {torch_err:.2e}"
+            for v in variants:
+                dx = torch.full((m, k), float("nan"), device="cuda", dtype=dtype)
+                bufs = (bits(dy), cp.asarray(words), cp.asarray(sw), bits(dx))
+                with stream:
+                    v.launch(kind, m, n, k, kp // 16, group, bufs, stream)
+                stream.synchronize()
+                err = (dx.double() - ref).abs().max().item() / scale
+                eps = 2.0 ** (-11 if kind == 1 else -8)
+                ok = bool(torch.isfinite(dx).all()) and err <= 2 * torch_err + eps
+                line += f" | {v.name} err {err:.2e} {'ok' if ok else 'FAILED'}"
+                if m >= 512 and kind == kinds[-1]:
+                    with stream:
+                        t = gpu_seconds(lambda: v.launch(kind, m, n, k, kp // 16, group, bufs, stream), calls=40)
+                    line += f" {t * 1e3:.4f} ms {flops / t / 1e12:4.0f} TF/s"
+                del dx
+            if m >= 512 and kind == kinds[-1]:
+                tb = gpu_seconds(lambda: dy @ w, calls=40)
+                line += f" | torch on the dequantized weight {tb * 1e3:.4f} ms ({flops / tb / 1e12:.0f} TF/s)"
+            del dy, w, ref, torch_out
+        print(line, flush=True)
+        del wc, words
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
