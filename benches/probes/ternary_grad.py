@@ -10,7 +10,7 @@ Usage on the GPU machine, from the repository root:
     python3 benches/probes/ternary_grad.py [variant.cu ...]   (default: the committed kernel)
 Environment: SHAPES (`m`x`n`x`k` list: dy `[m, n]`, weight `[n, k]`), KINDS (1 f16, 2 bf16;
 default both on the first shape, bf16 after; timings are of the last kind)."""
-import os, subprocess, sys
+import ctypes, os, subprocess, sys
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -33,7 +33,9 @@ class Variant:
         text = open(path).read()
         sig = "const __grid_constant__ GradParams p) {"
         assert sig in text
-        self.src = text.replace(sig, "u32 p_m, u32 p_n, u32 p_k, u32 p_rw, u32 p_group, u32 p_mlo, u32 p_mhi) {\n    const GradParams p{p_m, p_n, p_k, p_rw, p_group, p_mlo, p_mhi};")
+        # The tensor map comes from global memory here (cupy passes no 128-byte struct by value).
+        text = text.replace("const __grid_constant__ TensorMap dy_map,", "const TensorMap* __restrict__ dy_map_ptr,")
+        self.src = text.replace(sig, "u32 p_m, u32 p_n, u32 p_k, u32 p_rw, u32 p_group, u32 p_mlo, u32 p_mhi) {\n    const GradParams p{p_m, p_n, p_k, p_rw, p_group, p_mlo, p_mhi};\n    const TensorMap& dy_map = *dy_map_ptr;")
         self.src += '\nextern "C" __global__ void shared_bytes(u32* o) { o[0] = KILN_SHARED_BYTES; o[1] = THREADS; }\n'
         self.cache = {}
 
@@ -71,6 +73,22 @@ def bits(t):
     return cp.asarray(t.view(torch.int16))
 
 
+CUDA = ctypes.CDLL("libcuda.so.1")
+
+
+def tensor_map(t):
+    """The kernel's `dy_map` for a dense `[rows, cols]` f16/bf16 tensor, as kiln asks CubeCL to encode
+    it: 256 × 64 boxes, 128-byte swizzle, 256-byte L2 promotion, zeros out of bounds; in a device buffer."""
+    rows, cols = t.shape
+    out = (ctypes.c_uint64 * 16)()
+    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+    dtype = 6 if t.dtype == torch.float16 else 9  # CU_TENSOR_MAP_DATA_TYPE_FLOAT16 / _BFLOAT16
+    r = CUDA.cuTensorMapEncodeTiled(out, ctypes.c_int(dtype), u32(2), ctypes.c_void_p(t.data_ptr()), (u64 * 2)(cols, rows), (u64 * 1)(cols * 2),
+                                    (u32 * 2)(64, 256), (u32 * 2)(1, 1), ctypes.c_int(0), ctypes.c_int(3), ctypes.c_int(3), ctypes.c_int(0))
+    assert r == 0, f"cuTensorMapEncodeTiled: {r}"
+    return torch.tensor(list(bytes(out)), dtype=torch.uint8, device=t.device)
+
+
 def main():
     paths = sys.argv[1:] or [os.path.join(SRC, "ternary", "grad.cu")]
     variants = [Variant(p) for p in paths]
@@ -99,7 +117,8 @@ def main():
             line += f" | kind {kind} cuBLAS err {torch_err:.2e}"
             for v in variants:
                 dx = torch.full((m, k), float("nan"), device="cuda", dtype=dtype)
-                bufs = (bits(dy), cp.asarray(words), cp.asarray(sw), bits(dx))
+                dy_map = tensor_map(dy)
+                bufs = (cp.asarray(dy_map), bits(dy), cp.asarray(words), cp.asarray(sw), bits(dx))
                 with stream:
                     v.launch(kind, m, n, k, kp // 16, group, bufs, stream)
                 stream.synchronize()

@@ -1,7 +1,8 @@
 // Hopper building blocks shared by kiln's CUDA C++ kernels on warpgroup MMA (flash attention's
-// `wgmma/`, the ternary GEMM): shared-memory addresses, 16-byte `cp.async` copies, wgmma
-// descriptors and synchronization, and the register fences that keep ptxas from moving values
-// across an asynchronous MMA. kiln places this file first, before a kernel's wrappers and source.
+// `wgmma/`, the ternary GEMM and input gradient): shared-memory addresses, 16-byte `cp.async`
+// copies, mbarriers for bulk copies, wgmma descriptors and synchronization, and the register
+// fences that keep ptxas from moving values across an asynchronous MMA. kiln places this file
+// first, before a kernel's wrappers and source.
 //
 // A 128-byte-swizzled tile stores rows of 128 bytes: the 16-byte chunk `c` of row `r` sits at
 // chunk `c ^ (r % 8)` of the row, the layout the descriptors' 128-byte swizzle mode names.
@@ -25,6 +26,28 @@ __device__ __forceinline__ void copy_commit() { asm volatile("cp.async.commit_gr
 
 template <int N>
 __device__ __forceinline__ void copy_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// mbarriers on which bulk copies (`cp.async.bulk`, TMA) land: initialised by one thread for one
+// arrival (the thread that issues the copies, announcing their bytes) before a cube barrier,
+// then waited on by phase parity.
+__device__ __forceinline__ void barrier_init(u32 bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+}
+
+// Makes the barriers' initialisation visible to the async proxy that completes the copies.
+__device__ __forceinline__ void barrier_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+
+// The issuing thread's arrival, announcing the `bytes` its copies will complete.
+__device__ __forceinline__ void barrier_expect(u32 bar, u32 bytes) {
+    asm volatile("{ .reg .b64 s; mbarrier.arrive.expect_tx.shared::cta.b64 s, [%0], %1; }" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_wait(u32 bar, u32 parity) {
+    u32 done;
+    do {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }

@@ -97,13 +97,6 @@ __device__ __forceinline__ u32 stage_at(u32 base, int kb) { return base + (kb % 
 // The mbarrier on which stage `s`'s activation copy lands (after the scales).
 __device__ __forceinline__ u32 landed_at(u32 base, int s) { return base + STAGES * STAGE_BYTES + 2 * (THREADS / 128) * CODE_TILE + SCALES_BYTES + 8 * s; }
 
-__device__ __forceinline__ void barrier_wait(u32 bar, u32 parity) {
-    u32 done;
-    do {
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    } while (!done);
-}
-
 // Stages block `kb` of k: TOKS activation rows of BK bytes (one bulk copy by thread 0; rows past
 // `m` are not copied: whatever the stage held there only reaches outputs that are never stored)
 // and FEATS weight rows of BK / 4 bytes (plain), zeros past `n` or the padded row.
@@ -111,7 +104,7 @@ __device__ __forceinline__ void load_block(u32 base, const unsigned char* acts, 
     const u32 stage = stage_at(base, kb), w_row = p.row_words * 4;
     if (threadIdx.x == 0) {
         const u32 bytes = min((u32)TOKS, p.m - tok0) * BK, landed = landed_at(base, kb % STAGES);
-        asm volatile("{ .reg .b64 s; mbarrier.arrive.expect_tx.shared::cta.b64 s, [%0], %1; }" ::"r"(landed), "r"(bytes) : "memory");
+        barrier_expect(landed, bytes);
         asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(stage), "l"(acts + ((u64)kb * p.m + tok0) * BK),
                      "r"(bytes), "r"(landed) : "memory");
     }
@@ -179,8 +172,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kiln_ternary_gemm(
     u32 tok0, f0;
     tile_of(blockIdx.x, p, tok0, f0);
     if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(landed_at(base, s)) : "memory");
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        for (int s = 0; s < STAGES; ++s) barrier_init(landed_at(base, s));
+        barrier_init_fence();
     }
     __syncthreads();
     const int blocks = (p.row_words * 16 + BK - 1) / BK;

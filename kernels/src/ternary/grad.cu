@@ -9,16 +9,18 @@
 // BN = 64. An expanded block is stored as the packing orders it, `[n][k]` with k contiguous, which
 // is wgmma's M-major A operand, so each packed word expands along its own row: its 2-bit codes
 // pick one of `{−v, 0, +v}` by byte permutes (`prmt`), one for two elements. dy's block is
-// `[token][n]`, the K-major B operand, staged by 16-byte `cp.async` into the 128-byte swizzle.
+// `[token][n]`, the K-major B operand, which the tensor memory accelerator copies in one
+// instruction a block (`dy_map`: a 2-D tensor map of dy with 256 × 64 boxes, 128-byte swizzle,
+// zeros past `m` and `n`) onto the stage's mbarrier.
 //
 // A ring of STAGES stages is filled STAGES − 2 blocks ahead. Each warpgroup expands block nb + 1
 // while block nb's MMAs run, into the third of its VALS value tiles (the other two feed the MMAs
 // in flight), and only then waits for block nb − 1's MMAs. The loop is bound by instruction issue
-// (two warps a scheduler), so the per-block work is kept lean: each thread's dy rows and the
-// descriptors are computed once, and rows past `m` read row m − 1 instead of being masked (a dy
-// row reaches only its own dx row, which is not stored). Cubes walk the weight's column tiles
-// fastest, so the cubes in flight share a few gradient tiles in L2, and the packed weight (2 bits
-// a weight) stays there too.
+// (two warps a scheduler), so the per-block work is kept lean: dy's 2048 16-byte `cp.async`
+// copies a block, 8 a thread with their addresses, became one tensor copy (thirty-fourth session:
+// 578 → … TF/s), and the descriptors are computed once a block. Cubes walk the weight's column
+// tiles fastest, so the cubes in flight share a few gradient tiles in L2, and the packed weight
+// (2 bits a weight) stays there too.
 //
 // Defines: KILN_OUT_KIND (1 f16, 2 bf16; dy and dx share it) and KILN_WGMMA_TYPE ("f16", "bf16").
 // kiln places `hopper/common.cuh`, `hopper/wgmma.cuh` and `cuda_out.cuh` before this source.
@@ -38,8 +40,14 @@
 #define SCALE_TILE (BN * 4)
 #define OUT_PITCH (COLS + 16 / (int)sizeof(out_t))
 // Bytes of dynamic shared memory the launch requests: the stages, the value tiles, each stage's
-// row scales (apart, so that the swizzled tiles stay 1024-byte aligned), and 1 KB to align them.
-#define KILN_SHARED_BYTES (STAGES * STAGE_BYTES + VALS_BYTES + STAGES * SCALE_TILE + 1024)
+// row scales (apart, so that the swizzled tiles stay 1024-byte aligned), the stages' mbarriers,
+// and 1 KB to align the tiles.
+#define KILN_SHARED_BYTES (STAGES * STAGE_BYTES + VALS_BYTES + STAGES * SCALE_TILE + STAGES * 8 + 1024)
+
+// A CUDA tensor map (`CUtensorMap`), opaque to the kernel; CubeCL encodes it at launch.
+struct __align__(64) TensorMap {
+    u64 opaque[16];
+};
 
 struct GradParams {
     u32 m;          // gradient rows
@@ -59,27 +67,22 @@ __device__ __forceinline__ u32 stage_at(u32 base, int nb) { return base + (nb % 
 // Block `nb`'s weight-row scales, after the stages and the value tiles.
 __device__ __forceinline__ u32 scales_at(u32 base, int nb) { return base + STAGES * STAGE_BYTES + VALS_BYTES + (nb % STAGES) * SCALE_TILE; }
 
+// The mbarrier on which stage `s`'s dy tile lands, after the scales.
+__device__ __forceinline__ u32 landed_at(u32 base, int s) { return base + STAGES * STAGE_BYTES + VALS_BYTES + STAGES * SCALE_TILE + 8 * s; }
+
 __device__ __forceinline__ void copy4(u32 dst, const void* src, u32 bytes) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
 }
 
-// What a thread copies each block, computed once: dy rows `tok0 + threadIdx.x / 8 + 32 i` (rows
-// past `m` clamped to m − 1), columns `8 (threadIdx.x % 8) …` of the block, into the same swizzled
-// slot of every stage; and, for threads below 3 BN, one weight row's packed chunk or its scale.
+// What a thread below 2 BN copies each block, computed once: one weight row's packed chunk.
 struct Copies {
-    const out_t* dy[TOKS / 32];
-    u32 dy_slot;
-    const unsigned char* w;  // the chunk's row in block 0 (threads below 2 BN)
+    const unsigned char* w;  // the chunk's row in block 0
     u32 w_slot;
     bool w_ok;               // the chunk lies in the padded row
 };
 
-__device__ __forceinline__ Copies copies_of(const out_t* dy, const unsigned char* w, const GradParams& p, u32 tok0, u32 c0) {
+__device__ __forceinline__ Copies copies_of(const unsigned char* w, const GradParams& p, u32 c0) {
     Copies c;
-    const u32 r = threadIdx.x / 8, chunk = threadIdx.x % 8;
-    #pragma unroll
-    for (int i = 0; i < TOKS / 32; ++i) c.dy[i] = dy + (u64)min(tok0 + r + 32 * i, p.m - 1) * p.n + 8 * chunk;
-    c.dy_slot = r * 128 + ((chunk ^ (r % 8)) << 4);
     const u32 wr = threadIdx.x / 2, half = threadIdx.x % 2, word = c0 / 16 + 4 * half;
     c.w = w + ((u64)wr * p.row_words + word) * 4;
     c.w_slot = DY_TILE + wr * (COLS / 4) + half * 16;
@@ -87,17 +90,21 @@ __device__ __forceinline__ Copies copies_of(const out_t* dy, const unsigned char
     return c;
 }
 
-// Stages block `nb`: dy's TOKS rows by BN columns (zeros past `n`), BN weight rows of COLS packed
-// columns (zeros past `n` or the padded row) and their scales.
-__device__ __forceinline__ void load_block(u32 base, const Copies& c, const float* w_scales, const GradParams& p, int nb) {
+// Stages block `nb`: dy's TOKS rows by BN columns (one tensor copy by thread 2 BN, onto the
+// stage's mbarrier), BN weight rows of COLS packed columns (zeros past `n` or the padded row)
+// and their scales (`cp.async`).
+__device__ __forceinline__ void load_block(u32 base, const TensorMap* dy_map, const Copies& c, const float* w_scales, const GradParams& p, u32 tok0, int nb) {
     const u32 stage = stage_at(base, nb), n0 = nb * BN;
-    const u32 dy_bytes = n0 + 8 * (threadIdx.x % 8) < p.n ? 16 : 0;
-    #pragma unroll
-    for (int i = 0; i < TOKS / 32; ++i) copy16(stage + c.dy_slot + i * 32 * 128, c.dy[i] + n0, dy_bytes);
+    if (threadIdx.x == BN * 2) {
+        const u32 landed = landed_at(base, nb % STAGES);
+        barrier_expect(landed, DY_TILE);
+        asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(stage),
+                     "l"(dy_map), "r"(n0), "r"(tok0), "r"(landed) : "memory");
+    }
     if (threadIdx.x < BN * 2) {
         const bool ok = n0 + threadIdx.x / 2 < p.n && c.w_ok;
         copy16(stage + c.w_slot, c.w + (u64)n0 * p.row_words * 4, ok ? 16 : 0);
-    } else if (threadIdx.x < BN * 3) {
+    } else if (threadIdx.x < BN * 3) {  // (thread 2 BN issues the tensor copy too)
         const u32 row = n0 + threadIdx.x - BN * 2, group = p.group == 1 ? row : (u32)__umul64hi(row, ((u64)p.magic_hi << 32) | p.magic_lo);
         copy4(scales_at(base, nb) + (threadIdx.x - BN * 2) * 4, w_scales + group, row < p.n ? 4 : 0);
     }
@@ -160,12 +167,13 @@ __device__ __forceinline__ void expand(u32 vals, u32 base, int nb, int wg, const
 // One block of the main loop: wait for block nb + 1's copies, refill the stage freed two blocks
 // ago, issue this block's four k16 MMAs, expand block nb + 1 into the value tile no MMA in flight
 // reads, then retire block nb − 1's MMAs (freeing its tile for the next step's expansion).
-__device__ __forceinline__ void step(float (&acc)[128], u32 vals, u32 base, int nb, int blocks, int wg, const Copies& c, const float* w_scales,
-                                     const GradParams& p, Magnitude& mag) {
+__device__ __forceinline__ void step(float (&acc)[128], u32 vals, u32 base, int nb, int blocks, int wg, const TensorMap* dy_map, const Copies& c,
+                                     const float* w_scales, const GradParams& p, u32 tok0, Magnitude& mag) {
     copy_wait<STAGES - 4>();
     async_proxy_fence();  // this thread's expanded values and copies, before the barrier shows them to wgmma
     __syncthreads();
-    if (nb + STAGES - 2 < blocks) load_block(base, c, w_scales, p, nb + STAGES - 2);
+    barrier_wait(landed_at(base, nb % STAGES), (nb / STAGES) & 1);
+    if (nb + STAGES - 2 < blocks) load_block(base, dy_map, c, w_scales, p, tok0, nb + STAGES - 2);
     copy_commit();
     // Descriptors of the block's first k16 step; a step advances A by 16 rows of 128 bytes and B by
     // 32 bytes (the descriptors count 16-byte units).
@@ -178,20 +186,25 @@ __device__ __forceinline__ void step(float (&acc)[128], u32 vals, u32 base, int 
     wgmma_wait<1>();
 }
 
-// dy dense `[m, n]`; w `[n, row_words]` packed words; w_scales one f32 per `group` rows; dx dense
-// `[m, k]`. One cube per (gradient tile, column tile), column tiles fastest; THREADS threads,
-// KILN_SHARED_BYTES of shared memory.
+// dy_map: the tensor map of dy (dense `[m, n]`, passed as `dy` too, unread); w `[n, row_words]`
+// packed words; w_scales one f32 per `group` rows; dx dense `[m, k]`. One cube per (gradient tile,
+// column tile), column tiles fastest; THREADS threads, KILN_SHARED_BYTES of shared memory.
 extern "C" __global__ void __launch_bounds__(THREADS, 1) kiln_ternary_input_grad(
-    const out_t* __restrict__ dy, const unsigned char* __restrict__ w, const float* __restrict__ w_scales, out_t* __restrict__ dx,
-    const __grid_constant__ GradParams p) {
+    const __grid_constant__ TensorMap dy_map, const out_t* __restrict__ dy, const unsigned char* __restrict__ w, const float* __restrict__ w_scales,
+    out_t* __restrict__ dx, const __grid_constant__ GradParams p) {
     extern __shared__ unsigned char shared_raw[];
     const u32 base = (shared_address(shared_raw) + 1023) & ~1023u;
     const u32 col_tiles = (p.k + COLS - 1) / COLS, tok0 = (blockIdx.x / col_tiles) * TOKS, c0 = (blockIdx.x % col_tiles) * COLS;
     const int blocks = (p.n + BN - 1) / BN;
-    const Copies c = copies_of(dy, w, p, tok0, c0);
+    const Copies c = copies_of(w, p, c0);
+    if (threadIdx.x == BN * 2) {
+        for (int s = 0; s < STAGES; ++s) barrier_init(landed_at(base, s));
+        barrier_init_fence();
+    }
+    __syncthreads();
     #pragma unroll
     for (int nb = 0; nb < STAGES - 2; ++nb) {
-        if (nb < blocks) load_block(base, c, w_scales, p, nb);
+        if (nb < blocks) load_block(base, &dy_map, c, w_scales, p, tok0, nb);
         copy_commit();
     }
 
@@ -206,7 +219,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kiln_ternary_input_grad
     float acc[128];
     #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.f;
-    for (int nb = 0; nb < blocks; ++nb) step(acc, vals, base, nb, blocks, wg, c, w_scales, p, mag);
+    for (int nb = 0; nb < blocks; ++nb) step(acc, vals, base, nb, blocks, wg, &dy_map, c, w_scales, p, tok0, mag);
     wgmma_wait<0>();
     fence_accumulators(acc);
     copy_wait<0>();
