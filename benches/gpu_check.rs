@@ -608,6 +608,7 @@ fn main() {
     if mode == "ternary" || mode == "ternary-bench" || mode == "bench" || mode == "all" {
         ternary::bench_gemv(&device);
         ternary::bench_prefill(&device);
+        ternary::bench_input_grad(&device);
         ternary::bench_qat_step(&device);
         ternary::bench_relu2_glu(&device);
     }
@@ -616,6 +617,9 @@ fn main() {
     }
     if mode == "ternary-prefill" {
         ternary::bench_prefill(&device);
+    }
+    if mode == "ternary-grad" {
+        ternary::bench_input_grad(&device);
     }
     if mode == "ternary-qat" {
         ternary::bench_qat_step(&device);

@@ -6,10 +6,10 @@
 use std::time::Instant;
 
 use burn::backend::{Autodiff, cuda::CudaDevice};
-use burn::tensor::{DType, backend::Backend};
+use burn::tensor::{DType, Tensor, TensorPrimitive, backend::Backend};
 use burn_cubecl::CubeBackend;
 use cubecl::cuda::CudaRuntime;
-use kiln::ops::{self, ternary::TernaryWeight};
+use kiln::ops::{self, ternary::{TernaryBackend, TernaryWeight}};
 
 use super::common::ternary::{check_gradients, check_kernels, shape};
 use super::{B, bf16};
@@ -21,6 +21,8 @@ const GEMV: [(usize, usize); 7] = [(2560, 2560), (13824, 2560), (2560, 6912), (3
 const PREFILL: [(usize, usize); 3] = [(11008, 4096), (4096, 11008), (28672, 8192)];
 /// HBM3 nominal bandwidth of the H100 SXM, bytes per second.
 const HBM: f64 = 3.35e12;
+/// Dense bf16 tensor-core peak of the H100 SXM, operations per second.
+const BF16_PEAK: f64 = 989e12;
 /// Dense int8 tensor-core peak of the H100 SXM, operations per second.
 const INT8_PEAK: f64 = 1979e12;
 
@@ -46,7 +48,10 @@ pub fn parity(device: &CudaDevice) -> bool {
         println!("parity ternary kernels {dtype:?} (packing, activation codes, W2A8 products exact): {} ({:.1} s)", verdict(pass), start.elapsed().as_secs_f64());
         ok &= pass;
         let start = Instant::now();
-        let grads = [shape(64, 512, 1000, 512), shape(5, 96, 4096, 1)];
+        // On the H100 the f16/bf16 input gradients of the first three run on the wgmma kernel
+        // (300 rows over two tiles, a reduction of 1000 = 15 blocks and a half, 7-row scale
+        // groups); 1001 weight rows are not whole 16-byte dy rows and take the cuBLASLt path.
+        let grads = [shape(64, 512, 1000, 512), shape(5, 96, 4096, 1), shape(300, 1000, 2600, 7), shape(17, 1001, 640, 1001)];
         // kiln's f32 products run on the tensor cores in TF32 (`ops::matmul`).
         let tf32 = if dtype == DType::F32 { 2f64.powi(-11) } else { 0.0 };
         let pass = std::panic::catch_unwind(|| check_gradients::<Autodiff<B>>(device, dtype, tf32, &grads)).is_ok();
@@ -123,6 +128,35 @@ pub fn bench_prefill(device: &CudaDevice) {
                 t * 1e3,
                 flops / t / 1e12,
                 100.0 * flops / t / INT8_PEAK,
+                bf * 1e3,
+                flops / bf / 1e12,
+                bf / t
+            );
+        }
+    }
+}
+
+/// The packed weight's input gradient `dy · W̃` (on the H100 the wgmma kernel that expands the
+/// packed weight in shared memory; with `KILN_TERNARY_GRAD_WGMMA=0` the dequantized weight through
+/// cuBLASLt) next to kiln's bf16 product of the same shape (cuBLASLt on a dense weight), with the
+/// share of the H100's dense bf16 peak.
+pub fn bench_input_grad(device: &CudaDevice) {
+    for (n, k) in PREFILL {
+        let w = weight::<B>(n, k, device).primitive();
+        let dense = bf16::<B, 2>([n, k], device);
+        for m in [512, 2048, 8192] {
+            let dy = bf16::<B, 2>([m, n], device);
+            let calls = calls_within(m * k * 2);
+            let t = super::time_adaptive(device, 0.1, calls, || {
+                Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(B::ternary_input_grad(dy.clone().into_primitive().tensor(), w.clone())))
+            });
+            let bf = super::time_adaptive(device, 0.1, calls, || ops::matmul(dy.clone(), dense.clone()));
+            let flops = 2.0 * (m * k * n) as f64;
+            println!(
+                "bench ternary input grad m{m:<5} n{n:<6} k{k:<6} kiln packed {:8.3} ms ({:4.0} TF/s, {:2.0}% of bf16 peak) | kiln bf16 {:8.3} ms ({:4.0} TF/s) | packed/bf16 {:.2}x",
+                t * 1e3,
+                flops / t / 1e12,
+                100.0 * flops / t / BF16_PEAK,
                 bf * 1e3,
                 flops / bf / 1e12,
                 bf / t

@@ -6,14 +6,17 @@
 //! its kernel cache, its buffers (device pointers include the handles' offsets) and its stream,
 //! so the launch is ordered with every other CubeCL kernel and Burn op.
 //!
-//! Launch convention (what cubecl-cuda passes to `cuLaunchKernel`): one pointer per buffer in
-//! binding order, then the scalars as one struct by value (`const __grid_constant__`), laid out
-//! as consecutive 32-bit words.
+//! Launch convention (what cubecl-cuda passes to `cuLaunchKernel`): each tensor map by value
+//! (`const __grid_constant__`, 64-byte aligned; CubeCL encodes it at launch on its tensor's device
+//! pointer), then one pointer per tensor map's tensor and per buffer in binding order, then the
+//! scalars as one struct by value (`const __grid_constant__`), laid out as consecutive 32-bit
+//! words.
 
 use cubecl::cuda::{CudaCompiler, CudaComputeKernel, CudaRuntime};
-use cubecl::ir::{ElemType, StorageType, UIntKind};
+use cubecl::ir::{ElemType, FloatKind as IrFloat, StorageType, UIntKind};
 use cubecl::prelude::*;
-use cubecl::server::{Binding, KernelArguments, MetadataBindingInfo};
+use cubecl::server::{Binding, KernelArguments, MetadataBindingInfo, TensorMapBinding, TensorMapMeta};
+use cubecl::zspace::metadata::Metadata;
 use cubecl::{CompilationError, Compiler, CubeTask};
 use cubecl_cpp::shared::{Body, ComputeKernel, Elem, Flags, Item, SharedMemory};
 
@@ -127,13 +130,41 @@ impl CudaSourceKernel {
 
     /// Enqueues the kernel on `client`'s stream with `buffers` and the 32-bit `scalars`.
     pub fn launch(self, client: &ComputeClient<CudaRuntime>, cubes: CubeCount, buffers: Vec<Binding>, scalars: &[u32]) {
+        self.launch_with_maps(client, cubes, vec![], buffers, scalars);
+    }
+
+    /// [`Self::launch`] with tensor maps before the buffers.
+    pub fn launch_with_maps(self, client: &ComputeClient<CudaRuntime>, cubes: CubeCount, maps: Vec<TensorMapBinding>, buffers: Vec<Binding>, scalars: &[u32]) {
         let mut words = vec![0u64; scalars.len().div_ceil(2)];
         for (i, &w) in scalars.iter().enumerate() {
             words[i / 2] |= (w as u64) << (32 * (i % 2));
         }
         // The dynamic part starting at the end: no extra metadata pointer before the struct.
         let length = words.len();
-        let arguments = KernelArguments::new().with_buffers(buffers).with_info(MetadataBindingInfo::new(words, length));
+        let arguments = KernelArguments::new().with_tensor_maps(maps).with_buffers(buffers).with_info(MetadataBindingInfo::new(words, length));
         client.launch(Box::new(self), cubes, arguments);
     }
+}
+
+/// A tensor map over a dense row-major `[rows, cols]` matrix of `elem` for a kernel's TMA copies:
+/// boxes of `box_rows × box_cols` elements stored in the 128-byte swizzle (a box row must be 128
+/// bytes: 64 halves), zeros outside the matrix, 256-byte L2 promotion. The matrix must start on a
+/// 16-byte boundary and its rows be a multiple of 16 bytes (the caller checks).
+pub fn swizzled_tile_map(binding: Binding, elem: FloatKind, [rows, cols]: [usize; 2], [box_rows, box_cols]: [usize; 2]) -> TensorMapBinding {
+    let kind = match elem {
+        FloatKind::F32 => IrFloat::F32,
+        FloatKind::F16 => IrFloat::F16,
+        FloatKind::Bf16 => IrFloat::BF16,
+    };
+    let map = TensorMapMeta {
+        format: TensorMapFormat::Tiled(TiledArgs { tile_size: [box_rows, box_cols].into() }),
+        metadata: Metadata::new([rows, cols], [cols, 1]),
+        elem_stride: [1, 1].into(),
+        interleave: TensorMapInterleave::None,
+        swizzle: TensorMapSwizzle::B128,
+        prefetch: TensorMapPrefetch::B256,
+        oob_fill: OobFill::Zero,
+        storage_ty: StorageType::Scalar(ElemType::Float(kind)),
+    };
+    TensorMapBinding { binding, map }
 }

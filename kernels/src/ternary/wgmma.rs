@@ -1,5 +1,7 @@
 //! The W2A8 GEMM on Hopper's integer warpgroup MMA (`gemm.cu`, CUDA C++ after [`crate::hopper`]'s
-//! header and integer wrappers and [`OUT_ELEMENT`]), launched through CubeCL's CUDA runtime ([`crate::cuda_source`]).
+//! header and integer wrappers and [`OUT_ELEMENT`]), and the packed weight's input gradient on
+//! its float warpgroup MMA (`grad.cu`), launched through CubeCL's CUDA runtime
+//! ([`crate::cuda_source`]).
 //!
 //! It serves products of more rows than the GEMV takes on compute capability 9.0: the packed
 //! weight is read at 2 bits a weight and expanded to bytes in shared memory, and the scales are
@@ -12,11 +14,13 @@ use cubecl::cuda::CudaRuntime;
 use cubecl::prelude::*;
 
 use super::{MAX_K, PackedArgs, ROW_GRANULE};
-use crate::cuda_source::{CudaSourceKernel, FloatKind, OUT_ELEMENT, fingerprint};
-use crate::hopper::{COMMON, WGMMA_INT};
+use crate::cuda_source::{CudaSourceKernel, FloatKind, OUT_ELEMENT, fingerprint, swizzled_tile_map};
+use crate::hopper::{COMMON, WGMMA, WGMMA_INT};
 
 const SOURCE: &str = include_str!("gemm.cu");
 const FINGERPRINT: u64 = fingerprint(&[COMMON, WGMMA_INT, OUT_ELEMENT, SOURCE]);
+const GRAD_SOURCE: &str = include_str!("grad.cu");
+const GRAD_FINGERPRINT: u64 = fingerprint(&[COMMON, WGMMA, OUT_ELEMENT, GRAD_SOURCE]);
 
 /// `gemm.cu`'s tile (`FEATS` weight rows by `TOKS` activation rows) and threads per cube.
 const FEATS: usize = 128;
@@ -67,4 +71,91 @@ pub fn launch_gemm(client: &ComputeClient<CudaRuntime>, out_kind: FloatKind, m: 
     // `GemmParams`: rows, features, packed words a weight row, rows a scale.
     let params = [m, n, k.div_ceil(ROW_GRANULE) * ROW_GRANULE / super::CODES_PER_WORD, group].map(|v| v as u32);
     kernel.launch(client, CubeCount::Static(tiles(m, n) as u32, 1, 1), buffers, &params);
+}
+
+/// `grad.cu`'s tile (`COLS` weight columns by `TOKS` gradient rows), its dy box (`TOKS` rows by
+/// `BN` columns) and `KILN_SHARED_BYTES`: four stages of a `[256, 64]` dy block and its `[64, 32]`
+/// packed weight bytes, three `[64, 64]` value tiles per warpgroup, four stages of 64 row scales,
+/// the stages' mbarriers, and 1 KB to align the tiles.
+const GRAD_COLS: usize = 128;
+const GRAD_BN: usize = 64;
+const GRAD_SHARED_BYTES: usize = 4 * (TOKS * GRAD_BN * 2 + GRAD_BN * 32) + 3 * 2 * GRAD_BN * 64 * 2 + 4 * GRAD_BN * 4 + 4 * 8 + 1024;
+
+/// The buffers of [`launch_input_grad`]: the output gradient `[m, n]` (read through a tensor map
+/// on it), the packed weight's words and scales, the input gradient `[m, k]`.
+pub struct GradArgs {
+    pub dy: cubecl::server::Binding,
+    pub words: cubecl::server::Binding,
+    pub w_scales: cubecl::server::Binding,
+    pub dx: cubecl::server::Binding,
+}
+
+/// Whether the input-gradient kernel takes `dy [m, n]` against a `[n, k]` weight in `kind`: f16
+/// or bf16, `n` a multiple of 8 (dy's rows a whole number of 16-byte units, as its tensor map
+/// needs), indices within 32 bits, and not turned off by `KILN_TERNARY_GRAD_WGMMA=0` (which
+/// measures the dequantize-and-cuBLASLt path against this one). As for [`serves`], the caller
+/// checks the device (compute capability 9.0) and dy's 16-byte alignment.
+pub fn grad_serves(kind: FloatKind, m: usize, n: usize, k: usize) -> bool {
+    kind != FloatKind::F32
+        && m > 0
+        && n > 0
+        && n.is_multiple_of(8)
+        && (1..=MAX_K).contains(&k)
+        && m.max(n) < i32::MAX as usize
+        && grad_tiles(m, k) < i32::MAX as usize
+        && crate::measurement_override("KILN_TERNARY_GRAD_WGMMA", 0..=1) != Some(0)
+}
+
+/// Cubes of an input-gradient launch: one per (gradient tile, column tile).
+fn grad_tiles(m: usize, k: usize) -> usize {
+    m.div_ceil(TOKS) * k.div_ceil(GRAD_COLS)
+}
+
+fn grad_source(params: &[u32]) -> String {
+    let [kind] = params else { unreachable!("one grad parameter") };
+    let wgmma = if *kind == FloatKind::F16 as u32 { "f16" } else { "bf16" };
+    format!("#define KILN_OUT_KIND {kind}\n#define KILN_WGMMA_TYPE \"{wgmma}\"\n{COMMON}\n{WGMMA}\n{OUT_ELEMENT}\n{GRAD_SOURCE}")
+}
+
+/// `⌈2⁶⁴ / group⌉` for groups above 1 (0 for 1), which `grad.cu` divides row indices by.
+fn group_magic(group: usize) -> u64 {
+    if group <= 1 { 0 } else { ((1u128 << 64).div_ceil(group as u128)) as u64 }
+}
+
+/// Enqueues `dx [m, k] = dy [m, n] · (q / s)` for the packed `[n, k]` weight (`group` rows a
+/// scale), dy and dx of `kind`, for a shape the kernel [`grad_serves`].
+pub fn launch_input_grad(client: &ComputeClient<CudaRuntime>, kind: FloatKind, m: usize, n: usize, k: usize, group: usize, args: GradArgs) {
+    assert!(grad_serves(kind, m, n, k), "kiln ternary wgmma input gradient: dy [{m}, {n}] ({kind:?}) against [{n}, {k}]");
+    let kernel = CudaSourceKernel {
+        entry: "kiln_ternary_input_grad",
+        key: (GRAD_FINGERPRINT, vec![kind as u32]),
+        cube_dim: CubeDim::new_1d(THREADS),
+        shared_bytes: GRAD_SHARED_BYTES,
+        source: grad_source,
+    };
+    let map = swizzled_tile_map(args.dy, kind, [m, n], [TOKS, GRAD_BN]);
+    let magic = group_magic(group);
+    // `GradParams`: rows, reduction, columns, packed words a weight row, rows a scale, the magic.
+    let row_words = k.div_ceil(ROW_GRANULE) * ROW_GRANULE / super::CODES_PER_WORD;
+    let params = [m as u32, n as u32, k as u32, row_words as u32, group as u32, magic as u32, (magic >> 32) as u32];
+    let cubes = CubeCount::Static(grad_tiles(m, k) as u32, 1, 1);
+    // CubeCL passes the map's tensor (dy) right after the map, before these buffers.
+    kernel.launch_with_maps(client, cubes, vec![map], vec![args.words, args.w_scales, args.dx], &params);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::group_magic;
+
+    /// `umul64hi(row, magic) = row / group` for every row below 2³² (checked at the edges).
+    #[test]
+    fn group_magic_divides_exactly() {
+        for group in [2usize, 3, 7, 64, 1000, 4096, 28672, 128_256, (1 << 31) - 1, u32::MAX as usize] {
+            let magic = group_magic(group) as u128;
+            let rows = [0u64, 1, group as u64 - 1, group as u64, group as u64 + 1, 3 * group as u64 - 1, u32::MAX as u64 - 1, u32::MAX as u64];
+            for row in rows {
+                assert_eq!(((row as u128 * magic) >> 64) as u64, row / group as u64, "row {row} group {group}");
+            }
+        }
+    }
 }

@@ -1,7 +1,9 @@
 //! Ternary weights on CubeCL backends: the packing and activation kernels, the W2A8 GEMV for
 //! few rows (`dp4a` on CUDA, the portable kernel elsewhere), and for more rows the W2A8 GEMM on
 //! Hopper's integer warpgroup MMA, or elsewhere the codes through kiln's GEMM (cuBLASLt's i8 GEMM
-//! on other CUDA devices) with the scales applied after.
+//! on other CUDA devices) with the scales applied after. The input gradient runs on Hopper's
+//! float warpgroup MMA from the packed weight, elsewhere through kiln's GEMM on the dequantized
+//! weight.
 
 use burn::tensor::{DType, Shape, Tensor, TensorMetadata, ops::FloatTensor};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement, tensor::CubeTensor};
@@ -73,6 +75,11 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> TernaryBac
     }
 
     fn ternary_input_grad(dy: FloatTensor<Self>, weight: TernaryPrimitive<Self>) -> FloatTensor<Self> {
+        let (dy, weight) = (dense(dy), dense_parts::<R, F, I, BT>(weight));
+        #[cfg(feature = "cuda")]
+        if let Some(dx) = wgmma::input_grad(&dy, &weight) {
+            return dx;
+        }
         let m = dy.shape()[0];
         let l = weight.layout;
         let w = Self::ternary_dequantize(weight, dy.dtype);
@@ -181,11 +188,11 @@ fn gemv<R: CubeRuntime>(x: CubeTensor<R>, weight: &Weight<R>) -> CubeTensor<R> {
 #[cfg(feature = "cuda")]
 mod wgmma {
     use burn_cubecl::{CubeRuntime, tensor::CubeTensor};
-    use kiln_kernels::ternary::wgmma::{launch_gemm, serves};
+    use kiln_kernels::ternary::wgmma::{GradArgs, grad_serves, launch_gemm, launch_input_grad, serves};
 
     use super::dp4a::{float_kind, packed_args};
     use super::{Weight, dims, packed_acts};
-    use crate::backend::cube::cuda;
+    use crate::backend::cube::cuda::{self, binding};
     use crate::backend::cube::empty_like_device;
 
     pub(super) fn matmul<R: CubeRuntime>(x: &CubeTensor<R>, weight: &Weight<R>) -> Option<CubeTensor<R>> {
@@ -199,6 +206,23 @@ mod wgmma {
         let out = empty_like_device(x, [m, l.n], x.dtype);
         launch_gemm(client, kind, m, l.n, k, l.group, packed_args([&words, &scales, &sums], weight, &out));
         Some(out)
+    }
+
+    /// `dy [m, n] · (q / s)` from the packed weight on the float warpgroup MMA, if `dy` is f16 or
+    /// bf16 on compute capability 9.0, starts on a 16-byte boundary (its tensor map needs it), and
+    /// the kernel takes the shape.
+    pub(super) fn input_grad<R: CubeRuntime>(dy: &CubeTensor<R>, weight: &Weight<R>) -> Option<CubeTensor<R>> {
+        let client = cuda::client(dy)?;
+        let kind = float_kind(dy.dtype)?;
+        let ([m, n], l) = (dims(dy), weight.layout);
+        let aligned = dy.handle.offset_start.unwrap_or(0).is_multiple_of(16);
+        if !aligned || !grad_serves(kind, m, n, l.k) || cuda::compute_capability(cuda::device_index(dy)?)? != (9, 0) {
+            return None;
+        }
+        let dx = empty_like_device(dy, [m, l.k], dy.dtype);
+        let args = GradArgs { dy: binding(dy), words: binding(&weight.words), w_scales: binding(&weight.scales), dx: binding(&dx) };
+        launch_input_grad(client, kind, m, n, l.k, l.group, args);
+        Some(dx)
     }
 }
 
