@@ -153,7 +153,7 @@ mod tests {
         for group in [2usize, 3, 7, 64, 1000, 4096, 28672, 128_256, (1 << 31) - 1, u32::MAX as usize] {
             let magic = group_magic(group) as u128;
             let rows = [0u64, 1, group as u64 - 1, group as u64, group as u64 + 1, 3 * group as u64 - 1, u32::MAX as u64 - 1, u32::MAX as u64];
-            for row in rows {
+            for row in rows.into_iter().filter(|&r| r <= u32::MAX as u64) {
                 assert_eq!(((row as u128 * magic) >> 64) as u64, row / group as u64, "row {row} group {group}");
             }
         }
