@@ -9,7 +9,8 @@ torch's GEMM on the dequantized weight (the path the kernel replaces, without it
 Usage on the GPU machine, from the repository root:
     python3 benches/probes/ternary_grad.py [variant.cu ...]   (default: the committed kernel)
 Environment: SHAPES (`m`x`n`x`k` list: dy `[m, n]`, weight `[n, k]`), KINDS (1 f16, 2 bf16;
-default both on the first shape, bf16 after; timings are of the last kind)."""
+default both on the first two shapes, bf16 after; timings are of the last kind), TOKS (gradient
+rows a cube takes, 128 or 256; default kiln's choice)."""
 import ctypes, os, subprocess, sys
 import torch
 
@@ -24,7 +25,14 @@ SRC = os.path.join(HERE, "..", "..", "kernels", "src")
 SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ.get(
     "SHAPES", "300x1000x2600,17x64x200,4096x11008x4096,4096x4096x11008,2048x28672x8192,8192x28672x8192,512x11008x4096").split(",")]
 DTYPES = {1: torch.float16, 2: torch.bfloat16}
-COLS, TOKS = 128, 256
+COLS, SMS = 128, 132
+
+
+def tokens(m, k):
+    """Gradient rows a cube takes, as kiln chooses them: 128 where 256-row tiles leave SMs idle."""
+    if "TOKS" in os.environ:
+        return int(os.environ["TOKS"])
+    return 128 if 2 * -(-m // 256) * -(-k // COLS) <= SMS else 256
 
 
 class Variant:
@@ -39,16 +47,16 @@ class Variant:
         self.src += '\nextern "C" __global__ void shared_bytes(u32* o) { o[0] = KILN_SHARED_BYTES; o[1] = THREADS; }\n'
         self.cache = {}
 
-    def function(self, kind):
-        if kind not in self.cache:
+    def function(self, kind, toks):
+        if (kind, toks) not in self.cache:
             head = [open(os.path.join(SRC, *f)).read() for f in (("hopper", "common.cuh"), ("hopper", "wgmma.cuh"), ("cuda_out.cuh",))]
-            cu = f"/tmp/tgrad_{self.name}_{kind}.cu"
+            cu = f"/tmp/tgrad_{self.name}_{kind}_{toks}.cu"
             wgmma_type = "f16" if kind == 1 else "bf16"
-            open(cu, "w").write(f"#define KILN_OUT_KIND {kind}\n#define KILN_WGMMA_TYPE \"{wgmma_type}\"\n" + "\n".join(head + [self.src]))
+            open(cu, "w").write(f"#define KILN_OUT_KIND {kind}\n#define KILN_WGMMA_TYPE \"{wgmma_type}\"\n#define KILN_TOKS {toks}\n" + "\n".join(head + [self.src]))
             cubin = cu.replace(".cu", ".cubin")
             r = subprocess.run(["nvcc", "-cubin", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", cu, "-o", cubin], capture_output=True, text=True)
             info = [l.strip() for l in (r.stdout + r.stderr).splitlines() if any(w in l.lower() for w in ("registers", "spill", "error", "warn", "wgmma"))]
-            print(f"build {self.name} kind {kind}: rc {r.returncode}; " + " | ".join(info[-6:]), flush=True)
+            print(f"build {self.name} kind {kind} toks {toks}: rc {r.returncode}; " + " | ".join(info[-6:]), flush=True)
             if r.returncode != 0:
                 print(r.stderr[-4000:])
                 sys.exit(1)
@@ -58,12 +66,13 @@ class Variant:
             mod.get_function("shared_bytes")((1,), (1,), (sb,))
             shared, threads = (int(v) for v in sb.get())
             fn.max_dynamic_shared_size_bytes = shared
-            self.cache[kind] = (fn, shared, threads)
-        return self.cache[kind]
+            self.cache[(kind, toks)] = (fn, shared, threads)
+        return self.cache[(kind, toks)]
 
     def launch(self, kind, m, n, k, row_words, group, bufs, stream):
-        fn, shared, threads = self.function(kind)
-        cubes = -(-m // TOKS) * -(-k // COLS)
+        toks = tokens(m, k)
+        fn, shared, threads = self.function(kind, toks)
+        cubes = -(-m // toks) * -(-k // COLS)
         u = cp.uint32
         magic = -(-(1 << 64) // group) if group > 1 else 0  # ⌈2^64 / group⌉, as kiln computes it
         fn((cubes,), (threads,), bufs + (u(m), u(n), u(k), u(row_words), u(group), u(magic & 0xFFFFFFFF), u(magic >> 32)), shared_mem=shared, stream=stream)
@@ -76,15 +85,15 @@ def bits(t):
 CUDA = ctypes.CDLL("libcuda.so.1")
 
 
-def tensor_map(t):
+def tensor_map(t, box_rows):
     """The kernel's `dy_map` for a dense `[rows, cols]` f16/bf16 tensor, as kiln asks CubeCL to encode
-    it: 256 × 64 boxes, 128-byte swizzle, 256-byte L2 promotion, zeros out of bounds; in a device buffer."""
+    it: `box_rows` × 64 boxes, 128-byte swizzle, 256-byte L2 promotion, zeros out of bounds; in a device buffer."""
     rows, cols = t.shape
     out = (ctypes.c_uint64 * 16)()
     u64, u32 = ctypes.c_uint64, ctypes.c_uint32
     dtype = 6 if t.dtype == torch.float16 else 9  # CU_TENSOR_MAP_DATA_TYPE_FLOAT16 / _BFLOAT16
     r = CUDA.cuTensorMapEncodeTiled(out, ctypes.c_int(dtype), u32(2), ctypes.c_void_p(t.data_ptr()), (u64 * 2)(cols, rows), (u64 * 1)(cols * 2),
-                                    (u32 * 2)(64, 256), (u32 * 2)(1, 1), ctypes.c_int(0), ctypes.c_int(3), ctypes.c_int(3), ctypes.c_int(0))
+                                    (u32 * 2)(64, box_rows), (u32 * 2)(1, 1), ctypes.c_int(0), ctypes.c_int(3), ctypes.c_int(3), ctypes.c_int(0))
     assert r == 0, f"cuTensorMapEncodeTiled: {r}"
     return torch.tensor(list(bytes(out)), dtype=torch.uint8, device=t.device)
 
@@ -117,7 +126,7 @@ def main():
             line += f" | kind {kind} cuBLAS err {torch_err:.2e}"
             for v in variants:
                 dx = torch.full((m, k), float("nan"), device="cuda", dtype=dtype)
-                dy_map = tensor_map(dy)
+                dy_map = tensor_map(dy, tokens(m, k))
                 bufs = (cp.asarray(dy_map), bits(dy), cp.asarray(words), cp.asarray(sw), bits(dx))
                 with stream:
                     v.launch(kind, m, n, k, kp // 16, group, bufs, stream)

@@ -25,7 +25,7 @@ SHAPES = (64, 128)
 # Widths of the MN-major shared-shared product (the backward's dQ half-columns: head dim / 2).
 MN_SHAPES = (32, 64)
 # Widths of the M-major-A product (gradient rows per warpgroup of the ternary input gradient).
-MA_SHAPES = (256,)
+MA_SHAPES = (128, 256)
 # Widths of the integer product (activation rows per warpgroup of the ternary GEMM).
 INT_SHAPES = (256,)
 

@@ -5,28 +5,36 @@
 // so that no float copy of the weight crosses device memory. f16 and bf16 gradients, f32 sums.
 //
 // As an MMA it is `dxᵀ = w̃ᵀ · dyᵀ`: a cube takes COLS = 128 weight columns (two warpgroups of
-// M = 64) by TOKS = 256 gradient rows (N), the reduction over the weight's rows in blocks of
+// M = 64) by TOKS = 256 or 128 gradient rows (N), the reduction over the weight's rows in blocks of
 // BN = 64. An expanded block is stored as the packing orders it, `[n][k]` with k contiguous, which
 // is wgmma's M-major A operand, so each packed word expands along its own row: its 2-bit codes
 // pick one of `{−v, 0, +v}` by byte permutes (`prmt`), one for two elements. dy's block is
 // `[token][n]`, the K-major B operand, which the tensor memory accelerator copies in one
-// instruction a block (`dy_map`: a 2-D tensor map of dy with 256 × 64 boxes, 128-byte swizzle,
+// instruction a block (`dy_map`: a 2-D tensor map of dy with TOKS × 64 boxes, 128-byte swizzle,
 // zeros past `m` and `n`) onto the stage's mbarrier.
 //
 // A ring of STAGES stages is filled STAGES − 2 blocks ahead. Each warpgroup expands block nb + 1
 // while block nb's MMAs run, into the third of its VALS value tiles (the other two feed the MMAs
 // in flight), and only then waits for block nb − 1's MMAs. The loop is bound by instruction issue
-// (two warps a scheduler), so the per-block work is kept lean: dy's 2048 16-byte `cp.async`
-// copies a block, 8 a thread with their addresses, became one tensor copy (thirty-fourth session:
-// 578 → … TF/s), and the descriptors are computed once a block. Cubes walk the weight's column
+// (two warps a scheduler; ncu: a third of the issue slots busy, the warps mostly waiting on
+// dependent instructions), so the per-block work is kept lean: dy's 2048 16-byte `cp.async`
+// copies a block, 8 a thread with their addresses, became one tensor copy (578 → 654 TF/s at
+// 4096 × 11008 → 4096, thirty-fourth session), and the descriptors are computed once a block. Cubes walk the weight's column
 // tiles fastest, so the cubes in flight share a few gradient tiles in L2, and the packed weight
 // (2 bits a weight) stays there too.
 //
-// Defines: KILN_OUT_KIND (1 f16, 2 bf16; dy and dx share it) and KILN_WGMMA_TYPE ("f16", "bf16").
+// Defines: KILN_OUT_KIND (1 f16, 2 bf16; dy and dx share it), KILN_WGMMA_TYPE ("f16", "bf16") and
+// KILN_TOKS (256, or 128 where 256-row cubes would leave most SMs idle).
 // kiln places `hopper/common.cuh`, `hopper/wgmma.cuh` and `cuda_out.cuh` before this source.
 
 #define COLS 128
-#define TOKS 256
+#define TOKS KILN_TOKS
+#define ACC (TOKS / 2)  // f32 accumulators a thread: its warpgroup's 64 columns by TOKS rows
+#if TOKS == 256
+#define WGMMA_MA wgmma_ss_ma_n256
+#else
+#define WGMMA_MA wgmma_ss_ma_n128
+#endif
 #define BN 64
 #define STAGES 4
 #define VALS 3
@@ -167,7 +175,7 @@ __device__ __forceinline__ void expand(u32 vals, u32 base, int nb, int wg, const
 // One block of the main loop: wait for block nb + 1's copies, refill the stage freed two blocks
 // ago, issue this block's four k16 MMAs, expand block nb + 1 into the value tile no MMA in flight
 // reads, then retire block nb − 1's MMAs (freeing its tile for the next step's expansion).
-__device__ __forceinline__ void step(float (&acc)[128], u32 vals, u32 base, int nb, int blocks, int wg, const TensorMap* dy_map, const Copies& c,
+__device__ __forceinline__ void step(float (&acc)[ACC], u32 vals, u32 base, int nb, int blocks, int wg, const TensorMap* dy_map, const Copies& c,
                                      const float* w_scales, const GradParams& p, u32 tok0, Magnitude& mag) {
     copy_wait<STAGES - 4>();
     async_proxy_fence();  // this thread's expanded values and copies, before the barrier shows them to wgmma
@@ -180,7 +188,7 @@ __device__ __forceinline__ void step(float (&acc)[128], u32 vals, u32 base, int 
     const u64 a = descriptor(vals + (nb % VALS) * VAL_TILE, BN * 128, 1024), b = descriptor(stage_at(base, nb), 16, 1024);
     wgmma_fence();
     #pragma unroll
-    for (int s = 0; s < BN / 16; ++s) wgmma_ss_ma_n256(acc, a + s * (16 * 128 / 16), b + s * (32 / 16), 1);
+    for (int s = 0; s < BN / 16; ++s) WGMMA_MA(acc, a + s * (16 * 128 / 16), b + s * (32 / 16), 1);
     wgmma_commit();
     if (nb + 1 < blocks) expand(vals + ((nb + 1) % VALS) * VAL_TILE, base, nb + 1, wg, p, mag);
     wgmma_wait<1>();
@@ -216,9 +224,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kiln_ternary_input_grad
     copy_wait<STAGES - 3>();
     __syncthreads();
     expand(vals, base, 0, wg, p, mag);
-    float acc[128];
+    float acc[ACC];
     #pragma unroll
-    for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+    for (int i = 0; i < ACC; ++i) acc[i] = 0.f;
     for (int nb = 0; nb < blocks; ++nb) step(acc, vals, base, nb, blocks, wg, &dy_map, c, w_scales, p, tok0, mag);
     wgmma_wait<0>();
     fence_accumulators(acc);
@@ -231,7 +239,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kiln_ternary_input_grad
     // report C7514 and wait after every MMA.)
     out_t* tile = reinterpret_cast<out_t*>(shared_raw + (base - shared_address(shared_raw)));
     #pragma unroll
-    for (int j = 0; j < 32; ++j) {
+    for (int j = 0; j < TOKS / 8; ++j) {
         #pragma unroll
         for (int e = 0; e < 2; ++e) {
             #pragma unroll

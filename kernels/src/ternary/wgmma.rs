@@ -73,13 +73,24 @@ pub fn launch_gemm(client: &ComputeClient<CudaRuntime>, out_kind: FloatKind, m: 
     kernel.launch(client, CubeCount::Static(tiles(m, n) as u32, 1, 1), buffers, &params);
 }
 
-/// `grad.cu`'s tile (`COLS` weight columns by `TOKS` gradient rows), its dy box (`TOKS` rows by
-/// `BN` columns) and `KILN_SHARED_BYTES`: four stages of a `[256, 64]` dy block and its `[64, 32]`
-/// packed weight bytes, three `[64, 64]` value tiles per warpgroup, four stages of 64 row scales,
-/// the stages' mbarriers, and 1 KB to align the tiles.
+/// `grad.cu`'s tile (`COLS` weight columns by `tokens` gradient rows) and its dy box (`tokens`
+/// rows by `BN` columns).
 const GRAD_COLS: usize = 128;
 const GRAD_BN: usize = 64;
-const GRAD_SHARED_BYTES: usize = 4 * (TOKS * GRAD_BN * 2 + GRAD_BN * 32) + 3 * 2 * GRAD_BN * 64 * 2 + 4 * GRAD_BN * 4 + 4 * 8 + 1024;
+
+/// `grad.cu`'s `KILN_SHARED_BYTES` for cubes of `tokens` gradient rows: four stages of a
+/// `[tokens, 64]` dy block and its `[64, 32]` packed weight bytes, three `[64, 64]` value tiles per
+/// warpgroup, four stages of 64 row scales, the stages' mbarriers, and 1 KB to align the tiles.
+const fn grad_shared_bytes(tokens: usize) -> usize {
+    4 * (tokens * GRAD_BN * 2 + GRAD_BN * 32) + 3 * 2 * GRAD_BN * 64 * 2 + 4 * GRAD_BN * 4 + 4 * 8 + 1024
+}
+
+/// Gradient rows a cube takes: 256, or 128 where even twice the 256-row cubes fit on the SMs at
+/// once (m = 512 against 4096 columns: 64 cubes; 128-row cubes ran it 1.2× faster there, and 1.7×
+/// slower at 128 cubes, where 256-row cubes fill the GPU; thirty-fourth session).
+fn grad_tokens(m: usize, k: usize, sms: usize) -> usize {
+    if 2 * m.div_ceil(256) * k.div_ceil(GRAD_COLS) <= sms { 128 } else { 256 }
+}
 
 /// The buffers of [`launch_input_grad`]: the output gradient `[m, n]` (read through a tensor map
 /// on it), the packed weight's words and scales, the input gradient `[m, k]`.
@@ -102,19 +113,19 @@ pub fn grad_serves(kind: FloatKind, m: usize, n: usize, k: usize) -> bool {
         && n.is_multiple_of(8)
         && (1..=MAX_K).contains(&k)
         && m.max(n) < i32::MAX as usize
-        && grad_tiles(m, k) < i32::MAX as usize
+        && grad_tiles(m, k, 128) < i32::MAX as usize
         && crate::measurement_override("KILN_TERNARY_GRAD_WGMMA", 0..=1) != Some(0)
 }
 
 /// Cubes of an input-gradient launch: one per (gradient tile, column tile).
-fn grad_tiles(m: usize, k: usize) -> usize {
-    m.div_ceil(TOKS) * k.div_ceil(GRAD_COLS)
+fn grad_tiles(m: usize, k: usize, tokens: usize) -> usize {
+    m.div_ceil(tokens) * k.div_ceil(GRAD_COLS)
 }
 
 fn grad_source(params: &[u32]) -> String {
-    let [kind] = params else { unreachable!("one grad parameter") };
+    let [kind, tokens] = params else { unreachable!("two grad parameters") };
     let wgmma = if *kind == FloatKind::F16 as u32 { "f16" } else { "bf16" };
-    format!("#define KILN_OUT_KIND {kind}\n#define KILN_WGMMA_TYPE \"{wgmma}\"\n{COMMON}\n{WGMMA}\n{OUT_ELEMENT}\n{GRAD_SOURCE}")
+    format!("#define KILN_OUT_KIND {kind}\n#define KILN_WGMMA_TYPE \"{wgmma}\"\n#define KILN_TOKS {tokens}\n{COMMON}\n{WGMMA}\n{OUT_ELEMENT}\n{GRAD_SOURCE}")
 }
 
 /// `⌈2⁶⁴ / group⌉` for groups above 1 (0 for 1), which `grad.cu` divides row indices by.
@@ -126,19 +137,21 @@ fn group_magic(group: usize) -> u64 {
 /// scale), dy and dx of `kind`, for a shape the kernel [`grad_serves`].
 pub fn launch_input_grad(client: &ComputeClient<CudaRuntime>, kind: FloatKind, m: usize, n: usize, k: usize, group: usize, args: GradArgs) {
     assert!(grad_serves(kind, m, n, k), "kiln ternary wgmma input gradient: dy [{m}, {n}] ({kind:?}) against [{n}, {k}]");
+    let sms = client.properties().hardware.num_streaming_multiprocessors.unwrap_or(132) as usize;
+    let tokens = grad_tokens(m, k, sms);
     let kernel = CudaSourceKernel {
         entry: "kiln_ternary_input_grad",
-        key: (GRAD_FINGERPRINT, vec![kind as u32]),
+        key: (GRAD_FINGERPRINT, vec![kind as u32, tokens as u32]),
         cube_dim: CubeDim::new_1d(THREADS),
-        shared_bytes: GRAD_SHARED_BYTES,
+        shared_bytes: grad_shared_bytes(tokens),
         source: grad_source,
     };
-    let map = swizzled_tile_map(args.dy, kind, [m, n], [TOKS, GRAD_BN]);
+    let map = swizzled_tile_map(args.dy, kind, [m, n], [tokens, GRAD_BN]);
     let magic = group_magic(group);
     // `GradParams`: rows, reduction, columns, packed words a weight row, rows a scale, the magic.
     let row_words = k.div_ceil(ROW_GRANULE) * ROW_GRANULE / super::CODES_PER_WORD;
     let params = [m as u32, n as u32, k as u32, row_words as u32, group as u32, magic as u32, (magic >> 32) as u32];
-    let cubes = CubeCount::Static(grad_tiles(m, k) as u32, 1, 1);
+    let cubes = CubeCount::Static(grad_tiles(m, k, tokens) as u32, 1, 1);
     // CubeCL passes the map's tensor (dy) right after the map, before these buffers.
     kernel.launch_with_maps(client, cubes, vec![map], vec![args.words, args.w_scales, args.dx], &params);
 }
