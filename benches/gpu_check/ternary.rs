@@ -48,10 +48,11 @@ pub fn parity(device: &CudaDevice) -> bool {
         println!("parity ternary kernels {dtype:?} (packing, activation codes, W2A8 products exact): {} ({:.1} s)", verdict(pass), start.elapsed().as_secs_f64());
         ok &= pass;
         let start = Instant::now();
-        // On the H100 the f16/bf16 input gradients of the first three run on the wgmma kernel
-        // (300 rows over two tiles, a reduction of 1000 = 15 blocks and a half, 7-row scale
-        // groups); 1001 weight rows are not whole 16-byte dy rows and take the cuBLASLt path.
-        let grads = [shape(64, 512, 1000, 512), shape(5, 96, 4096, 1), shape(300, 1000, 2600, 7), shape(17, 1001, 640, 1001)];
+        // On the H100 the f16/bf16 input gradients of the first four run on the wgmma kernel:
+        // 128-row cubes for the first three (300 rows over three tiles, a reduction of 1000 =
+        // 15 blocks and a half, 7-row scale groups), 256-row cubes for 600 × 3000 (72 of them);
+        // 1001 weight rows are not whole 16-byte dy rows and take the cuBLASLt path.
+        let grads = [shape(64, 512, 1000, 512), shape(5, 96, 4096, 1), shape(300, 1000, 2600, 7), shape(600, 512, 3000, 512), shape(17, 1001, 640, 1001)];
         // kiln's f32 products run on the tensor cores in TF32 (`ops::matmul`).
         let tf32 = if dtype == DType::F32 { 2f64.powi(-11) } else { 0.0 };
         let pass = std::panic::catch_unwind(|| check_gradients::<Autodiff<B>>(device, dtype, tf32, &grads)).is_ok();

@@ -11,7 +11,8 @@
 //!   kiln's GEMM (exact for f32 inputs; half-precision inputs round the sum to their dtype once
 //!   before the scale, as HF's `BitLinear` does). Its backward gives the input
 //!   gradient of a frozen weight, `dy · W̃` (the activation quantizer passes gradients straight
-//!   through).
+//!   through): on Hopper a warpgroup-MMA kernel that expands the packed words in shared memory,
+//!   elsewhere kiln's GEMM on the dequantized weight.
 //! - [`bitlinear`]: the training op on a latent weight: quantize it, quantize `x`, multiply;
 //!   gradients go straight through both quantizers to `x` and to the latent weight.
 
