@@ -111,6 +111,20 @@ fn calls_within(bytes: usize) -> usize {
     (SAMPLE_BYTES / bytes.max(1)).clamp(3, 200)
 }
 
+/// One line of a ternary product next to kiln's bf16 product of the same shape: both times (s),
+/// kiln's rate and share of `peak` (`(unit, name, ops/s)`), and the speed ratio.
+fn compare(label: &str, [t, bf]: [f64; 2], flops: f64, (unit, peak_name, peak): (&str, &str, f64), ratio: &str) {
+    println!(
+        "bench ternary {label} {:8.3} ms ({:4.0} {unit}, {:2.0}% of {peak_name} peak) | kiln bf16 {:8.3} ms ({:4.0} TF/s) | {ratio} {:.2}x",
+        t * 1e3,
+        flops / t / 1e12,
+        100.0 * flops / t / peak,
+        bf * 1e3,
+        flops / bf / 1e12,
+        bf / t
+    );
+}
+
 /// Prefill products (on the H100 the activation kernel and the wgmma GEMM; with
 /// `KILN_TERNARY_WGMMA=0` the weight unpacked to int8 and cuBLASLt's i8 GEMM, then the scales)
 /// next to kiln's bf16 product (cuBLASLt), with the share of the H100's dense int8 peak.
@@ -123,16 +137,7 @@ pub fn bench_prefill(device: &CudaDevice) {
             let calls = calls_within(m * n * 2);
             let t = super::time_adaptive(device, 0.1, calls, || ops::ternary_matmul(x.clone(), &w));
             let bf = super::time_adaptive(device, 0.1, calls, || ops::matmul(x.clone(), dense.clone()));
-            let flops = 2.0 * (m * k * n) as f64;
-            println!(
-                "bench ternary prefill m{m:<5} n{n:<6} k{k:<6} kiln W2A8 {:8.3} ms ({:4.0} TOP/s, {:2.0}% of int8 peak) | kiln bf16 {:8.3} ms ({:4.0} TF/s) | W2A8/bf16 {:.2}x",
-                t * 1e3,
-                flops / t / 1e12,
-                100.0 * flops / t / INT8_PEAK,
-                bf * 1e3,
-                flops / bf / 1e12,
-                bf / t
-            );
+            compare(&format!("prefill m{m:<5} n{n:<6} k{k:<6} kiln W2A8"), [t, bf], 2.0 * (m * k * n) as f64, ("TOP/s", "int8", INT8_PEAK), "W2A8/bf16");
         }
     }
 }
@@ -152,16 +157,7 @@ pub fn bench_input_grad(device: &CudaDevice) {
                 Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(B::ternary_input_grad(dy.clone().into_primitive().tensor(), w.clone())))
             });
             let bf = super::time_adaptive(device, 0.1, calls, || ops::matmul(dy.clone(), dense.clone()));
-            let flops = 2.0 * (m * k * n) as f64;
-            println!(
-                "bench ternary input grad m{m:<5} n{n:<6} k{k:<6} kiln packed {:8.3} ms ({:4.0} TF/s, {:2.0}% of bf16 peak) | kiln bf16 {:8.3} ms ({:4.0} TF/s) | packed/bf16 {:.2}x",
-                t * 1e3,
-                flops / t / 1e12,
-                100.0 * flops / t / BF16_PEAK,
-                bf * 1e3,
-                flops / bf / 1e12,
-                bf / t
-            );
+            compare(&format!("input grad m{m:<5} n{n:<6} k{k:<6} kiln packed"), [t, bf], 2.0 * (m * k * n) as f64, ("TF/s", "bf16", BF16_PEAK), "packed/bf16");
         }
     }
 }

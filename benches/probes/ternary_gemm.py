@@ -26,6 +26,31 @@ DTYPES = {0: torch.float32, 1: torch.float16, 2: torch.bfloat16}
 FEATS, TOKS, GROUP = 128, 256, 8
 
 
+def build(defines, headers, source, tag, entry):
+    """nvcc-builds `source` for sm_90a after `defines` and the kiln `headers` (paths under
+    `kernels/src`), as kiln places them, with a `shared_bytes` entry added; prints ptxas' registers,
+    spills and wgmma warnings. Returns the kernel `entry` (its dynamic shared memory raised to the
+    source's KILN_SHARED_BYTES), that size, and the source's THREADS."""
+    head = [open(os.path.join(SRC, *h.split("/"))).read() for h in headers]
+    tail = '\nextern "C" __global__ void shared_bytes(u32* o) { o[0] = KILN_SHARED_BYTES; o[1] = THREADS; }\n'
+    cu = f"/tmp/probe_{tag}.cu"
+    open(cu, "w").write(defines + "\n".join(head + [source, tail]))
+    cubin = cu.replace(".cu", ".cubin")
+    r = subprocess.run(["nvcc", "-cubin", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", cu, "-o", cubin], capture_output=True, text=True)
+    info = [l.strip() for l in (r.stdout + r.stderr).splitlines() if any(w in l.lower() for w in ("registers", "spill", "error", "warn", "wgmma"))]
+    print(f"build {tag}: rc {r.returncode}; " + " | ".join(info[-6:]), flush=True)
+    if r.returncode != 0:
+        print(r.stderr[-4000:])
+        sys.exit(1)
+    mod = cp.RawModule(path=cubin)
+    fn = mod.get_function(entry)
+    sb = cp.zeros(2, dtype=cp.uint32)
+    mod.get_function("shared_bytes")((1,), (1,), (sb,))
+    shared, threads = (int(v) for v in sb.get())
+    fn.max_dynamic_shared_size_bytes = shared
+    return fn, shared, threads
+
+
 class Variant:
     def __init__(self, path):
         self.name = os.path.basename(path)
@@ -36,28 +61,12 @@ class Variant:
         # A variant that bulk-copies activations takes them block-major and pre-swizzled
         # (`[k / 128][m][128]`, the 16-byte chunk c of row r at c ^ (r % 8)).
         self.tiled = "cp.async.bulk" in text
-        self.src += '\nextern "C" __global__ void shared_bytes(u32* o) { o[0] = KILN_SHARED_BYTES; o[1] = THREADS; }\n'
         self.cache = {}
 
     def function(self, kind):
         if kind not in self.cache:
-            head = [open(os.path.join(SRC, *f)).read() for f in (("hopper", "common.cuh"), ("hopper", "wgmma_int.cuh"), ("cuda_out.cuh",))]
-            cu = f"/tmp/tgemm_{self.name}_{kind}.cu"
-            open(cu, "w").write(f"#define KILN_OUT_KIND {kind}\n" + "\n".join(head + [self.src]))
-            cubin = cu.replace(".cu", ".cubin")
-            r = subprocess.run(["nvcc", "-cubin", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", cu, "-o", cubin], capture_output=True, text=True)
-            info = [l.strip() for l in (r.stdout + r.stderr).splitlines() if any(w in l.lower() for w in ("registers", "spill", "error", "warn", "wgmma"))]
-            print(f"build {self.name} kind {kind}: rc {r.returncode}; " + " | ".join(info[-6:]), flush=True)
-            if r.returncode != 0:
-                print(r.stderr[-4000:])
-                sys.exit(1)
-            mod = cp.RawModule(path=cubin)
-            fn = mod.get_function("kiln_ternary_gemm")
-            sb = cp.zeros(2, dtype=cp.uint32)
-            mod.get_function("shared_bytes")((1,), (1,), (sb,))
-            shared, threads = (int(v) for v in sb.get())
-            fn.max_dynamic_shared_size_bytes = shared
-            self.cache[kind] = (fn, shared, threads)
+            headers = ("hopper/common.cuh", "hopper/wgmma_int.cuh", "cuda_out.cuh")
+            self.cache[kind] = build(f"#define KILN_OUT_KIND {kind}\n", headers, self.src, f"{self.name}_{kind}", "kiln_ternary_gemm")
         return self.cache[kind]
 
     def launch(self, kind, m, n, row_words, group, bufs, stream):

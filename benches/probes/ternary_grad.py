@@ -11,14 +11,14 @@ Usage on the GPU machine, from the repository root:
 Environment: SHAPES (`m`x`n`x`k` list: dy `[m, n]`, weight `[n, k]`), KINDS (1 f16, 2 bf16;
 default both on the first two shapes, bf16 after; timings are of the last kind), TOKS (gradient
 rows a cube takes, 128 or 256; default kiln's choice)."""
-import ctypes, os, subprocess, sys
+import ctypes, os, sys
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "peers"))
 sys.path.insert(0, HERE)
 from gemm import gpu_seconds  # noqa: E402  (CUDA events behind torch.cuda._sleep)
-from ternary_gemm import pack  # noqa: E402
+from ternary_gemm import build, pack  # noqa: E402
 import cupy as cp  # noqa: E402
 
 SRC = os.path.join(HERE, "..", "..", "kernels", "src")
@@ -44,29 +44,14 @@ class Variant:
         # The tensor map comes from global memory here (cupy passes no 128-byte struct by value).
         text = text.replace("const __grid_constant__ TensorMap dy_map,", "const TensorMap* __restrict__ dy_map_ptr,")
         self.src = text.replace(sig, "u32 p_m, u32 p_n, u32 p_k, u32 p_rw, u32 p_group, u32 p_mlo, u32 p_mhi) {\n    const GradParams p{p_m, p_n, p_k, p_rw, p_group, p_mlo, p_mhi};\n    const TensorMap& dy_map = *dy_map_ptr;")
-        self.src += '\nextern "C" __global__ void shared_bytes(u32* o) { o[0] = KILN_SHARED_BYTES; o[1] = THREADS; }\n'
         self.cache = {}
 
     def function(self, kind, toks):
         if (kind, toks) not in self.cache:
-            head = [open(os.path.join(SRC, *f)).read() for f in (("hopper", "common.cuh"), ("hopper", "wgmma.cuh"), ("cuda_out.cuh",))]
-            cu = f"/tmp/tgrad_{self.name}_{kind}_{toks}.cu"
             wgmma_type = "f16" if kind == 1 else "bf16"
-            open(cu, "w").write(f"#define KILN_OUT_KIND {kind}\n#define KILN_WGMMA_TYPE \"{wgmma_type}\"\n#define KILN_TOKS {toks}\n" + "\n".join(head + [self.src]))
-            cubin = cu.replace(".cu", ".cubin")
-            r = subprocess.run(["nvcc", "-cubin", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", cu, "-o", cubin], capture_output=True, text=True)
-            info = [l.strip() for l in (r.stdout + r.stderr).splitlines() if any(w in l.lower() for w in ("registers", "spill", "error", "warn", "wgmma"))]
-            print(f"build {self.name} kind {kind} toks {toks}: rc {r.returncode}; " + " | ".join(info[-6:]), flush=True)
-            if r.returncode != 0:
-                print(r.stderr[-4000:])
-                sys.exit(1)
-            mod = cp.RawModule(path=cubin)
-            fn = mod.get_function("kiln_ternary_input_grad")
-            sb = cp.zeros(2, dtype=cp.uint32)
-            mod.get_function("shared_bytes")((1,), (1,), (sb,))
-            shared, threads = (int(v) for v in sb.get())
-            fn.max_dynamic_shared_size_bytes = shared
-            self.cache[(kind, toks)] = (fn, shared, threads)
+            defines = f"#define KILN_OUT_KIND {kind}\n#define KILN_WGMMA_TYPE \"{wgmma_type}\"\n#define KILN_TOKS {toks}\n"
+            headers = ("hopper/common.cuh", "hopper/wgmma.cuh", "cuda_out.cuh")
+            self.cache[(kind, toks)] = build(defines, headers, self.src, f"{self.name}_{kind}_{toks}", "kiln_ternary_input_grad")
         return self.cache[(kind, toks)]
 
     def launch(self, kind, m, n, k, row_words, group, bufs, stream):

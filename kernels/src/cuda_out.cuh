@@ -1,8 +1,9 @@
 // The output element of kiln's CUDA C++ kernels that write f32, f16 or bf16 (`ternary/gemv.cu`,
 // `ternary/gemm.cu`, `ternary/grad.cu`, `nf4/gemv.cu`), by `KILN_OUT_KIND` (0 f32, 1 f16, 2 bf16,
 // as `FloatKind` numbers them): `out_t` and `kiln_out`, which rounds an f32 to it (to nearest,
-// ties to even), and `store_tile`, which writes an output tile staged in shared memory. kiln
-// places this file ([`crate::cuda_source::OUT_ELEMENT`]) before such a kernel's source.
+// ties to even); for the warpgroup-MMA kernels, `stage_transposed`, which puts a thread's
+// accumulators into an output tile in shared memory, and `store_tile`, which writes that tile
+// out. kiln places this file ([`crate::cuda_source::OUT_ELEMENT`]) before such a kernel's source.
 
 #if KILN_OUT_KIND == 0
 typedef float out_t;
@@ -19,6 +20,23 @@ __device__ __forceinline__ out_t kiln_out(float v) {
     return r;
 }
 #endif
+
+// Stages this thread's fragment of a warpgroup MMA's `m64nN` accumulators (N = 8 J) into an output
+// tile in shared memory, transposed: accumulator `i = 4j + 2h + e` holds MMA row `row + 8h` (here a
+// tile column; `row` is the thread's first, lane / 4 into its warp's 16) and MMA column
+// `8j + 2t + e` with t = lane % 4 (here a tile row, `pitch` elements apart); `value(i, tile_row, h)`
+// gives the element.
+template <int J, typename Value>
+__device__ __forceinline__ void stage_transposed(out_t* tile, int pitch, int row, int t, Value value) {
+    #pragma unroll
+    for (int j = 0; j < J; ++j) {
+        #pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            #pragma unroll
+            for (int h = 0; h < 2; ++h) tile[(8 * j + 2 * t + e) * pitch + row + 8 * h] = value(4 * j + 2 * h + e, 8 * j + 2 * t + e, h);
+        }
+    }
+}
 
 // Copies rows `row0 …` and columns `col0 …` of a dense `[rows, width]` output from a tile of ROWS
 // × COLS elements staged in shared memory (rows `pitch` elements apart), clipped to the output:

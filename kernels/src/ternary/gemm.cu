@@ -204,17 +204,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kiln_ternary_gemm(
     // Scale into the output tile `[TOKS][OUT_PITCH]` in shared memory: acc[4j + 2h + e] is token
     // 8j + 2t + e, weight row `row + 8h`.
     out_t* tile = reinterpret_cast<out_t*>(shared_raw + (base - shared_address(shared_raw)));
-    #pragma unroll
-    for (int j = 0; j < 32; ++j) {
-        #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const int tok = 8 * j + 2 * t + e;
-            const float sx = scales->x[tok];
-            const int sum = scales->sum[tok];
-            #pragma unroll
-            for (int h = 0; h < 2; ++h) tile[tok * OUT_PITCH + row + 8 * h] = kiln_out(quotient(acc[4 * j + 2 * h + e] - sum, sx * scales->w[row + 8 * h]));
-        }
-    }
+    stage_transposed<TOKS / 8>(tile, OUT_PITCH, row, t, [&](int i, int tok, int h) {
+        return kiln_out(quotient(acc[i] - scales->sum[tok], scales->x[tok] * scales->w[row + 8 * h]));
+    });
     __syncthreads();
 
     store_tile<TOKS, FEATS, THREADS>(out, tile, OUT_PITCH, p.m, p.n, tok0, f0);

@@ -238,14 +238,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kiln_ternary_input_grad
     // serializing the wgmmas: converting an accumulator register straight to 16 bits made it
     // report C7514 and wait after every MMA.)
     out_t* tile = reinterpret_cast<out_t*>(shared_raw + (base - shared_address(shared_raw)));
-    #pragma unroll
-    for (int j = 0; j < TOKS / 8; ++j) {
-        #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            #pragma unroll
-            for (int h = 0; h < 2; ++h) tile[(8 * j + 2 * t + e) * OUT_PITCH + col + 8 * h] = kiln_out(acc[4 * j + 2 * h + e] + 0.f);
-        }
-    }
+    stage_transposed<TOKS / 8>(tile, OUT_PITCH, col, t, [&](int i, int, int) { return kiln_out(acc[i] + 0.f); });
     __syncthreads();
     store_tile<TOKS, COLS, THREADS>(dx, tile, OUT_PITCH, p.m, p.k, tok0, c0);
 }
