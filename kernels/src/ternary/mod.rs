@@ -208,17 +208,18 @@ const DEQUANTIZE_CODES: usize = 8;
 const DEQUANTIZE_UNITS: u32 = 128;
 const DEQUANTIZE_GRID_ROWS: usize = 32768;
 
-/// One unit per eight codes of a weight row: the codes `q` (`unscaled`) or `q / s`, in `F`. The
-/// row's scale is inverted once and the codes multiplied by it (`q · (1/s)` is `q / s` for
-/// `q ∈ {−1, 0, 1}`), and rows come from the grid's y and z, so no value pays a division: one
-/// unit per value with three divisions took ~1.1 ms for 28672 × 8192 on the H100 (thirty-fourth
-/// session). A cube's x runs along the row, `DEQUANTIZE_UNITS` units of eight codes.
+/// One unit per eight codes of a weight row: the codes `q` (`unscaled`) or `q / s`, in `F`, stored
+/// `N` values a store (`N` divides `k` and 8). The row's scale is inverted once and the codes
+/// multiplied by it (`q · (1/s)` is `q / s` for `q ∈ {−1, 0, 1}`), and rows come from the grid's y
+/// and z, so no value pays a division. One unit a value with three divisions took ~1.1 ms for
+/// 28672 × 8192 on the H100; one unit per eight values stored one at a time still ~1 ms on the
+/// H200 (eight 2-byte stores a sector; thirty-fourth session). A cube's x runs along the row.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-fn dequantize_kernel<F: Float>(
+fn dequantize_kernel<F: Float, N: Size>(
     words: &Array<u32>,
     scales: &Array<f32>,
-    out: &mut Array<F>,
+    out: &mut Array<Vector<F, N>>,
     n: usize,
     k: usize,
     row_words: usize,
@@ -238,11 +239,20 @@ fn dequantize_kernel<F: Float>(
         inverse = 1.0f32 / scales[row / group];
     }
     let base = row * k + j0;
+    // Vector `v` of the unit's eight values, for as many as there are (the bound is a constant
+    // for unrolling; `N` is at least 1).
     #[unroll]
-    for i in 0..DEQUANTIZE_CODES {
-        if j0 + i < k {
-            let q = f32::cast_from((word >> code_shift(first + i as u32)) & 3) - 1.0;
-            out[base + i] = F::cast_from(q * inverse);
+    for v in 0..DEQUANTIZE_CODES {
+        let first_value = v * N::value();
+        // `N` divides `k`: a vector lies wholly inside the row or wholly past it.
+        if first_value < DEQUANTIZE_CODES && j0 + first_value < k {
+            let mut values = Vector::<f32, N>::new(0.0);
+            #[unroll]
+            for e in 0..N::value() {
+                let i = first_value + e;
+                values[e] = (f32::cast_from((word >> code_shift(first + i as u32)) & 3) - 1.0) * inverse;
+            }
+            out[(base + first_value) / N::value()] = Vector::cast_from(values);
         }
     }
 }
@@ -435,9 +445,11 @@ pub fn launch_dequantize<R: Runtime>(
     let cube_units = (units.next_multiple_of(32) as u32).min(DEQUANTIZE_UNITS);
     let grid_rows = n.min(DEQUANTIZE_GRID_ROWS);
     let count = CubeCount::Static(units.div_ceil(cube_units as usize) as u32, grid_rows as u32, n.div_ceil(grid_rows) as u32);
+    // Stores of up to 16 bytes, at most a unit's eight values; `N` divides `k`.
+    let vector = crate::row::vector_size_for(client, k, dtype.size(), 16).min(DEQUANTIZE_CODES);
     // SAFETY: `words` holds `n · row_words` words, `scales` one per group, `out` `n · k`; units
     // past a row's end or rows past `n` exit.
-    unsafe { dequantize_kernel::launch_unchecked::<R>(client, count, CubeDim::new_1d(cube_units), words, scales, out, n, k, row_words, group, unscaled, dtype) }
+    unsafe { dequantize_kernel::launch_unchecked::<R>(client, count, CubeDim::new_1d(cube_units), vector, words, scales, out, n, k, row_words, group, unscaled, dtype) }
 }
 
 /// `out [rows, n] = acc / (s_x · s_w)` for packed activations `x` (`[rows, k]` as words) and a
