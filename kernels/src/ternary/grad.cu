@@ -15,13 +15,13 @@
 //
 // A ring of STAGES stages is filled STAGES − 2 blocks ahead. Each warpgroup expands block nb + 1
 // while block nb's MMAs run, into the third of its VALS value tiles (the other two feed the MMAs
-// in flight), and only then waits for block nb − 1's MMAs. The loop is bound by instruction issue
-// (two warps a scheduler; ncu: a third of the issue slots busy, the warps mostly waiting on
-// dependent instructions), so the per-block work is kept lean: dy's 2048 16-byte `cp.async`
-// copies a block, 8 a thread with their addresses, became one tensor copy (578 → 654 TF/s at
-// 4096 × 11008 → 4096, thirty-fourth session), and the descriptors are computed once a block. Cubes walk the weight's column
-// tiles fastest, so the cubes in flight share a few gradient tiles in L2, and the packed weight
-// (2 bits a weight) stays there too.
+// in flight), and only then waits for block nb − 1's MMAs. The per-block work is kept lean (dy's
+// 2048 16-byte `cp.async` copies a block became one tensor copy: 578 → 654 TF/s at 4096 × 11008
+// → 4096; descriptors once a block); what bounds the loop at ~65% of the bf16 peak is not
+// settled: the MMAs alone with the same barriers ran ~920 TF/s, and neither a third warpgroup
+// sharing the copies and expansion nor warpgroups decoupled by mbarriers helped (RESULTS,
+// thirty-fourth session). Cubes walk the weight's column tiles fastest, so the cubes in flight
+// share a few gradient tiles in L2, and the packed weight (2 bits a weight) stays there too.
 //
 // Defines: KILN_OUT_KIND (1 f16, 2 bf16; dy and dx share it), KILN_WGMMA_TYPE ("f16", "bf16") and
 // KILN_TOKS (256, or 128 where 256-row cubes would leave most SMs idle).
