@@ -24,6 +24,12 @@ use crate::row::{RowLayout, plane_size_for_reduction, prev_power_of_two, row_ind
 pub const CODES_PER_WORD: usize = 16;
 /// Rows are padded to multiples of this many elements.
 pub const ROW_GRANULE: usize = 64;
+
+/// Packed words of a weight row of `k` codes: `k` padded to [`ROW_GRANULE`], sixteen codes a word.
+pub(crate) fn weight_row_words(k: usize) -> usize {
+    k.div_ceil(ROW_GRANULE) * ROW_GRANULE / CODES_PER_WORD
+}
+
 /// The most activation rows the GEMVs take; more go through the GEMM path.
 pub const GEMV_MAX_ROWS: usize = 8;
 /// The bindings of a product on quantized activations (the CUDA kernels' `dp4a` GEMV and Hopper
@@ -440,7 +446,7 @@ pub fn launch_dequantize<R: Runtime>(
     scales: ArrayArg<R>,
     out: ArrayArg<R>,
 ) {
-    let row_words = k.div_ceil(ROW_GRANULE) * ROW_GRANULE / CODES_PER_WORD;
+    let row_words = weight_row_words(k);
     let units = k.div_ceil(DEQUANTIZE_CODES);
     let cube_units = (units.next_multiple_of(32) as u32).min(DEQUANTIZE_UNITS);
     let grid_rows = n.min(DEQUANTIZE_GRID_ROWS);

@@ -13,7 +13,7 @@
 use cubecl::cuda::CudaRuntime;
 use cubecl::prelude::*;
 
-use super::{MAX_K, PackedArgs, ROW_GRANULE};
+use super::{MAX_K, PackedArgs, weight_row_words};
 use crate::cuda_source::{CudaSourceKernel, FloatKind, OUT_ELEMENT, fingerprint, swizzled_tile_map};
 use crate::hopper::{COMMON, WGMMA, WGMMA_INT};
 
@@ -69,7 +69,7 @@ pub fn launch_gemm(client: &ComputeClient<CudaRuntime>, out_kind: FloatKind, m: 
     };
     let buffers = vec![args.x, args.x_scales, args.x_sums, args.words, args.w_scales, args.out];
     // `GemmParams`: rows, features, packed words a weight row, rows a scale.
-    let params = [m, n, k.div_ceil(ROW_GRANULE) * ROW_GRANULE / super::CODES_PER_WORD, group].map(|v| v as u32);
+    let params = [m, n, weight_row_words(k), group].map(|v| v as u32);
     kernel.launch(client, CubeCount::Static(tiles(m, n) as u32, 1, 1), buffers, &params);
 }
 
@@ -149,7 +149,7 @@ pub fn launch_input_grad(client: &ComputeClient<CudaRuntime>, kind: FloatKind, m
     let map = swizzled_tile_map(args.dy, kind, [m, n], [tokens, GRAD_BN]);
     let magic = group_magic(group);
     // `GradParams`: rows, reduction, columns, packed words a weight row, rows a scale, the magic.
-    let row_words = k.div_ceil(ROW_GRANULE) * ROW_GRANULE / super::CODES_PER_WORD;
+    let row_words = weight_row_words(k);
     let params = [m as u32, n as u32, k as u32, row_words as u32, group as u32, magic as u32, (magic >> 32) as u32];
     let cubes = CubeCount::Static(grad_tiles(m, k, tokens) as u32, 1, 1);
     // CubeCL passes the map's tensor (dy) right after the map, before these buffers.
