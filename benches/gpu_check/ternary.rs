@@ -27,13 +27,14 @@ const BF16_PEAK: f64 = 989e12;
 const INT8_PEAK: f64 = 1979e12;
 
 /// The CI checks on CUDA: GEMV rows (one row: the fused `dp4a` kernel, with 16-byte loads at
-/// 6912 and element loads at 1000; one row of 100000, beyond its shared memory, and 3 and 8
-/// rows: the two-kernel path) and GEMM rows at model sizes (on the H100 the wgmma GEMM: 17 rows,
+/// 6912 and 20000 (cubes of 512 and 1024 threads) and element loads at 1000; one row of 100000,
+/// beyond its shared memory, and 3 and 8 rows: the two-kernel path) and GEMM rows at model sizes (on the H100 the wgmma GEMM: 17 rows,
 /// 512, and 300 rows against a ragged `[1001, 2600]` weight whose last k block is half padding).
 pub fn parity(device: &CudaDevice) -> bool {
     let shapes = [
         shape(1, 2560, 6912, 2560),
         shape(1, 97, 1000, 97),
+        shape(1, 515, 20000, 515),
         shape(1, 8, 100000, 8),
         shape(8, 4096, 11008, 1),
         shape(3, 301, 1000, 64),

@@ -12,8 +12,23 @@ use crate::cuda_source::{CudaSourceKernel, FloatKind, OUT_ELEMENT, fingerprint};
 
 const SOURCE: &str = include_str!("gemv.cu");
 const FINGERPRINT: u64 = fingerprint(&[OUT_ELEMENT, SOURCE]);
-/// Threads per cube.
+/// Threads per cube of the two-kernel GEMV, and the cube the tiling rule fills on every SM.
 const CUBE_THREADS: usize = 256;
+
+/// Threads a cube of the fused GEMV for rows of `kv` 16-byte weight vectors (`4 · kv` quarters
+/// of sixteen activations to quantize): every cube quantizes the whole row before its products,
+/// one quarter a thread after another, each a dependent load, so a long row wants a larger cube.
+/// One quarter a thread up to 256 threads, then up to two at 512, then 1024: on the H200 (probe,
+/// same call) 512 threads took 8192 × 28672 from 30.8 to 25.1 µs and 1024 to 23.2, 2560 × 6912
+/// from 7.0 to 6.2 and 4096 × 11008 from 8.5 to 7.8, while rows of 4096 or fewer codes lost
+/// 0.3–2 µs with more than 256 (`benches/RESULTS.md`, thirty-fifth session).
+fn fused_cube(kv: usize) -> usize {
+    match 4 * kv {
+        ..=256 => 256,
+        ..=1024 => 512,
+        _ => 1024,
+    }
+}
 
 /// Threads sharing a weight row and output features per thread for `rows` activation rows against
 /// `n` weight rows of `kv` 16-byte vectors, on a device of `sms` multiprocessors (4 to 32 threads
@@ -48,24 +63,28 @@ fn prev_power_of_two(v: usize) -> usize {
 }
 
 fn source(params: &[u32]) -> String {
-    let [rows, threads, features, out, input] = params else { unreachable!("five gemv parameters") };
-    format!("#define KILN_ROWS {rows}\n#define KILN_T {threads}\n#define KILN_FPT {features}\n#define KILN_OUT_KIND {out}\n#define KILN_IN_KIND {input}\n{OUT_ELEMENT}\n{SOURCE}")
+    let [rows, threads, features, out, input, cube] = params else { unreachable!("six gemv parameters") };
+    format!(
+        "#define KILN_ROWS {rows}\n#define KILN_T {threads}\n#define KILN_FPT {features}\n#define KILN_OUT_KIND {out}\n#define KILN_IN_KIND {input}\n#define KILN_CUBE {cube}\n{OUT_ELEMENT}\n{SOURCE}"
+    )
 }
 
-/// The kernel variant for `rows` activation rows against `[n, k]`, with its tiling.
-fn kernel(entry: &'static str, client: &ComputeClient<CudaRuntime>, rows: usize, n: usize, k: usize, kinds: [FloatKind; 2], shared_bytes: usize) -> (CudaSourceKernel, usize, usize) {
+/// The kernel variant for `rows` activation rows against `[n, k]` in cubes of `cube` threads,
+/// with its tiling.
+#[allow(clippy::too_many_arguments)]
+fn kernel(entry: &'static str, client: &ComputeClient<CudaRuntime>, rows: usize, n: usize, k: usize, kinds: [FloatKind; 2], cube: usize, shared_bytes: usize) -> (CudaSourceKernel, usize, usize) {
     assert!((1..=GEMV_MAX_ROWS).contains(&rows) && k <= MAX_K && n < u32::MAX as usize, "kiln ternary dp4a gemv: {rows} rows, [{n}, {k}]");
     let sms = client.properties().hardware.num_streaming_multiprocessors.unwrap_or(132) as usize;
     let (threads, features) = tiling(rows, n, k.div_ceil(ROW_GRANULE), sms);
-    let params = [rows, threads, features, kinds[0] as usize, kinds[1] as usize].map(|p| p as u32);
-    let kernel = CudaSourceKernel { entry, key: (FINGERPRINT, params.to_vec()), cube_dim: CubeDim::new_1d(CUBE_THREADS as u32), shared_bytes, source };
+    let params = [rows, threads, features, kinds[0] as usize, kinds[1] as usize, cube].map(|p| p as u32);
+    let kernel = CudaSourceKernel { entry, key: (FINGERPRINT, params.to_vec()), cube_dim: CubeDim::new_1d(cube as u32), shared_bytes, source };
     (kernel, threads, features)
 }
 
 /// Enqueues `out = acc / (s_x · s_w)` on `client`'s stream.
 #[allow(clippy::too_many_arguments)]
 pub fn launch_gemv(client: &ComputeClient<CudaRuntime>, out_kind: FloatKind, rows: usize, n: usize, k: usize, group: usize, args: PackedArgs) {
-    let (kernel, threads, features) = kernel("kiln_ternary_gemv", client, rows, n, k, [out_kind, FloatKind::F32], 0);
+    let (kernel, threads, features) = kernel("kiln_ternary_gemv", client, rows, n, k, [out_kind, FloatKind::F32], CUBE_THREADS, 0);
     let cubes = CubeCount::Static((n.div_ceil(features) * threads).div_ceil(CUBE_THREADS) as u32, 1, 1);
     let buffers = vec![args.x, args.x_scales, args.x_sums, args.words, args.w_scales, args.out];
     kernel.launch(client, cubes, buffers, &shape_params(n, k, group));
@@ -108,13 +127,14 @@ pub fn launch_gemv_fused(client: &ComputeClient<CudaRuntime>, kinds: [FloatKind;
         return false;
     }
     let [out_kind, in_kind] = kinds;
-    let (kernel, threads, features) = kernel("kiln_ternary_gemv_fused", client, rows, n, k, [out_kind, in_kind], shared);
+    let cube = fused_cube(kv);
+    let (kernel, threads, features) = kernel("kiln_ternary_gemv_fused", client, rows, n, k, [out_kind, in_kind], cube, shared);
     // Every cube quantizes the whole activation once, so the grid is as many cubes as can be
     // resident (by threads and shared memory), each striding over the features.
     let hardware = &client.properties().hardware;
-    let resident = (2048 / CUBE_THREADS).min(hardware.max_shared_memory_size / (shared + 1024)).max(1);
+    let resident = (2048 / cube).min(hardware.max_shared_memory_size / (shared + 1024)).max(1);
     // The same number of strides for every cube.
-    let needed = (n.div_ceil(features) * threads).div_ceil(CUBE_THREADS);
+    let needed = (n.div_ceil(features) * threads).div_ceil(cube);
     let iterations = needed.div_ceil(resident * hardware.num_streaming_multiprocessors.unwrap_or(132) as usize);
     let cubes = needed.div_ceil(iterations);
     let buffers = vec![args.x, args.words, args.w_scales, args.out];

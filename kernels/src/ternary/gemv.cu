@@ -11,12 +11,19 @@
 // - `kiln_ternary_gemv` reads activations quantized by a separate kernel (codes, scales, sums);
 // - `kiln_ternary_gemv_fused` takes the float activations: each cube quantizes them into shared
 //   memory first (absmax, codes, code sums; the same definition as the activation kernel), then
-//   strides over output features, so a product is one launch.
+//   strides over output features, so a product is one launch. Asking L2 for the first weight
+//   vectors during that prologue made it slower at every shape measured: the prefetches queue
+//   ahead of the activation loads the prologue waits on (`benches/RESULTS.md`, 35th session).
 // Defines: KILN_ROWS (activation rows, 1..8), KILN_T, KILN_FPT, KILN_OUT_KIND and KILN_IN_KIND
 // (0 f32, 1 f16, 2 bf16; the input kind only matters to the fused entry). kiln places
 // `cuda_out.cuh` (the output element) before this source.
 
+// Threads a cube (default 256). The fused entry takes more at long rows: its prologue, which
+// every cube runs, is a chain of dependent loads and reductions whose length is the quarters
+// a thread quantizes.
+#ifndef KILN_CUBE
 #define KILN_CUBE 256
+#endif
 
 #if KILN_IN_KIND == 0
 typedef float in_t;
@@ -212,18 +219,6 @@ __device__ __forceinline__ void kiln_quarter(const in_t* __restrict__ row, unsig
     }
 }
 
-// Asks L2 for this thread's first weight vectors (its first slot, up to 8 vectors a feature), so
-// that HBM works while the cube quantizes the activations.
-__device__ __forceinline__ void kiln_prefetch(const uint4* __restrict__ w, unsigned n, unsigned kv, unsigned slot, unsigned lane) {
-#pragma unroll
-    for (int f = 0; f < KILN_FPT; ++f) {
-        const unsigned feature = slot * KILN_FPT + f;
-        if (feature < n)
-            for (unsigned v = lane, c = 0; v < kv && c < 8; v += KILN_T, ++c)
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(w + (size_t)feature * kv + v));
-    }
-}
-
 extern "C" __global__ void __launch_bounds__(KILN_CUBE) kiln_ternary_gemv_fused(
     const in_t* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ w_scales, out_t* __restrict__ out,
     const __grid_constant__ FusedParams p) {
@@ -231,7 +226,6 @@ extern "C" __global__ void __launch_bounds__(KILN_CUBE) kiln_ternary_gemv_fused(
     __shared__ float max_scratch[KILN_ROWS * KILN_CUBE / 32];
     __shared__ int sum_scratch[KILN_ROWS * KILN_CUBE / 32];
     const unsigned tid = threadIdx.x;
-    kiln_prefetch(w, p.shape.n, p.shape.kv, (blockIdx.x * KILN_CUBE + tid) / KILN_T, tid % KILN_T);
     const bool vec = p.k % 16 == 0 && ((size_t)x & 15) == 0;
     const unsigned quarters = p.shape.kv * 4;
     float sx[KILN_ROWS];
