@@ -28,7 +28,8 @@ const INT8_PEAK: f64 = 1979e12;
 
 /// The CI checks on CUDA: GEMV rows (one row: the fused `dp4a` kernel, with 16-byte loads at
 /// 6912 and 20000 (cubes of 512 and 1024 threads) and element loads at 1000; one row of 100000,
-/// beyond its shared memory, and 3 and 8 rows: the two-kernel path) and GEMM rows at model sizes (on the H100 the wgmma GEMM: 17 rows,
+/// beyond its shared memory, and 3, 5 and 8 rows: the two-kernel path, from compute capability
+/// 8.0 the integer MMA kernel) and GEMM rows at model sizes (on the H100 the wgmma GEMM: 17 rows,
 /// 512, and 300 rows against a ragged `[1001, 2600]` weight whose last k block is half padding).
 pub fn parity(device: &CudaDevice) -> bool {
     let shapes = [
@@ -38,6 +39,7 @@ pub fn parity(device: &CudaDevice) -> bool {
         shape(1, 8, 100000, 8),
         shape(8, 4096, 11008, 1),
         shape(3, 301, 1000, 64),
+        shape(5, 37, 200, 37),
         shape(17, 1024, 4096, 1024),
         shape(512, 640, 2048, 640),
         shape(300, 1001, 2600, 7),

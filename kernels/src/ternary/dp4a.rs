@@ -1,5 +1,6 @@
 //! The W2A8 GEMV on CUDA (`gemv.cu`): the portable kernel's product with `__dp4a`, one
-//! instruction per four codes, launched through CubeCL's CUDA runtime ([`crate::cuda_source`]).
+//! instruction per four codes, or for two to eight rows on the integer tensor cores
+//! (`mma.sync`), launched through CubeCL's CUDA runtime ([`crate::cuda_source`]).
 //! [`launch_gemv_fused`] also quantizes the float activations in the same kernel, so a decoding
 //! step's ternary linear is one launch instead of two.
 
@@ -81,12 +82,22 @@ fn kernel(entry: &'static str, client: &ComputeClient<CudaRuntime>, rows: usize,
     (kernel, threads, features)
 }
 
-/// Enqueues `out = acc / (s_x · s_w)` on `client`'s stream.
+/// Enqueues `out = acc / (s_x · s_w)` on `client`'s stream. With `mma` (a device of compute
+/// capability 8.0 or up), two to eight rows take the integer tensor-core kernel, one cube of
+/// eight warps splitting `k` for each 16 weight rows; otherwise the `dp4a` kernel. On the H100
+/// the MMA kernel took 8 rows of 28672 × 8192 from 88–89 to 26–32 µs and 4 rows from 46–49 to
+/// 33–34 (`benches/RESULTS.md`, thirty-fifth session); `KILN_TERNARY_GEMV_MMA=0` measures the
+/// `dp4a` kernel instead.
 #[allow(clippy::too_many_arguments)]
-pub fn launch_gemv(client: &ComputeClient<CudaRuntime>, out_kind: FloatKind, rows: usize, n: usize, k: usize, group: usize, args: PackedArgs) {
+pub fn launch_gemv(client: &ComputeClient<CudaRuntime>, out_kind: FloatKind, rows: usize, n: usize, k: usize, group: usize, mma: bool, args: PackedArgs) {
+    let buffers = vec![args.x, args.x_scales, args.x_sums, args.words, args.w_scales, args.out];
+    if mma && rows > 1 && crate::measurement_override("KILN_TERNARY_GEMV_MMA", 0..=1) != Some(0) {
+        let (kernel, ..) = kernel("kiln_ternary_gemv_mma", client, rows, n, k, [out_kind, FloatKind::F32], CUBE_THREADS, 0);
+        kernel.launch(client, CubeCount::Static(n.div_ceil(16) as u32, 1, 1), buffers, &shape_params(n, k, group));
+        return;
+    }
     let (kernel, threads, features) = kernel("kiln_ternary_gemv", client, rows, n, k, [out_kind, FloatKind::F32], CUBE_THREADS, 0);
     let cubes = CubeCount::Static((n.div_ceil(features) * threads).div_ceil(CUBE_THREADS) as u32, 1, 1);
-    let buffers = vec![args.x, args.x_scales, args.x_sums, args.words, args.w_scales, args.out];
     kernel.launch(client, cubes, buffers, &shape_params(n, k, group));
 }
 

@@ -1,4 +1,5 @@
-// W2A8 GEMV with the 4-way byte dot product (`__dp4a`), which CubeCL's IR has no instruction for.
+// W2A8 GEMV with the 4-way byte dot product (`__dp4a`) or, for a few rows, the integer MMA:
+// instructions CubeCL's IR does not have.
 // Layouts as in `mod.rs`: a weight row is `kv` 16-byte vectors of four words (64 two-bit codes
 // `w + 1`), an activation row `4 · kv` vectors of four words (sixteen int8 codes each).
 //
@@ -7,8 +8,10 @@
 // serves that many weight rows. The codes are 0..2, so `dp4a(codes, x)` sums `(w + 1) · x` and the
 // row's code sum `Σx` is subtracted at the end.
 //
-// Two entry points share that product:
+// Three entry points:
 // - `kiln_ternary_gemv` reads activations quantized by a separate kernel (codes, scales, sums);
+// - `kiln_ternary_gemv_mma` reads the same for two to eight rows and multiplies on the integer
+//   tensor cores instead (below);
 // - `kiln_ternary_gemv_fused` takes the float activations: each cube quantizes them into shared
 //   memory first (absmax, codes, code sums; the same definition as the activation kernel), then
 //   strides over output features, so a product is one launch. Asking L2 for the first weight
@@ -147,6 +150,75 @@ extern "C" __global__ void __launch_bounds__(KILN_CUBE) kiln_ternary_gemv(
     }
     const unsigned slot = (blockIdx.x * blockDim.x + threadIdx.x) / KILN_T;
     kiln_slot(GlobalActs{x, p.kv}, sx, sums, w, w_scales, out, p.n, p.group, slot, threadIdx.x % KILN_T);
+}
+
+// Two to eight activation rows on the integer tensor cores (compute capability 8.0 and up):
+// `mma.sync.m16n8k32` with the weight codes (`w + 1`, u8) as A and the activation codes (s8) as
+// B, so the rows ride in the MMA's N of 8 and cost about what one row does, where the `dp4a`
+// product's work grows with them. A cube owns 16 weight rows and its warps split `k`: a step is
+// four consecutive 16-byte vectors, warp `w` takes steps `w, w + warps, …` and lane `(g, t)`
+// (`g = lane / 4`, `t = lane % 4`) vector `4 · step + t` of weight rows g and g + 8 and of
+// activation row g. A sum over `k` may take its terms in any order, so each lane feeds the MMA
+// the codes of its own vector: in the MMA for word `q` and half `h`, elements `16q + 8h + 0..3`
+// (A: `(word >> 4h) & 0x03030303`, B: word `2h` of the activation quarter `q`) and `+ 4..7` (A:
+// `>> 4h + 2`, B: word `2h + 1`). The warps' 16 × 8 tiles are summed in shared memory.
+__device__ __forceinline__ void kiln_mma_u8s8(int (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+extern "C" __global__ void __launch_bounds__(KILN_CUBE) kiln_ternary_gemv_mma(
+    const uint4* __restrict__ x, const float* __restrict__ x_scales, const float* __restrict__ x_sums,
+    const uint4* __restrict__ w, const float* __restrict__ w_scales, out_t* __restrict__ out,
+    const __grid_constant__ Params p) {
+    constexpr unsigned warps = KILN_CUBE / 32, mask = 0x03030303u;
+    __shared__ int tiles[warps][16 * 8];
+    const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+    const unsigned row0 = blockIdx.x * 16;
+    // Rows past `n` read the last row and are not stored; lanes past the activation rows feed zeros.
+    const uint4* wa = w + (size_t)min(row0 + g, p.n - 1) * p.kv;
+    const uint4* wb = w + (size_t)min(row0 + g + 8, p.n - 1) * p.kv;
+    const bool act = g < KILN_ROWS;
+    const uint4* xr = x + (size_t)(act ? g : 0) * p.kv * 4;
+    int d[4] = {0, 0, 0, 0};
+    const unsigned steps = (p.kv + 3) / 4;
+#pragma unroll 2
+    for (unsigned step = warp; step < steps; step += warps) {
+        const unsigned v = 4 * step + t;
+        uint4 ta = make_uint4(0, 0, 0, 0), tb = ta, xq[4] = {ta, ta, ta, ta};
+        if (v < p.kv) {
+            ta = __ldg(wa + v);
+            tb = __ldg(wb + v);
+            if (act)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) xq[q] = __ldg(xr + (size_t)v * 4 + q);
+        }
+        const unsigned a[4] = {ta.x, ta.y, ta.z, ta.w}, b[4] = {tb.x, tb.y, tb.z, tb.w};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const unsigned xw[4] = {xq[q].x, xq[q].y, xq[q].z, xq[q].w};
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                kiln_mma_u8s8(d, (a[q] >> 4 * h) & mask, (b[q] >> 4 * h) & mask, (a[q] >> (4 * h + 2)) & mask,
+                              (b[q] >> (4 * h + 2)) & mask, xw[2 * h], xw[2 * h + 1]);
+        }
+    }
+    // D: c0, c1 at weight row g, activation rows 2t, 2t + 1; c2, c3 at weight row g + 8.
+    tiles[warp][g * 8 + 2 * t] = d[0];
+    tiles[warp][g * 8 + 2 * t + 1] = d[1];
+    tiles[warp][(g + 8) * 8 + 2 * t] = d[2];
+    tiles[warp][(g + 8) * 8 + 2 * t + 1] = d[3];
+    __syncthreads();
+    for (unsigned e = threadIdx.x; e < 16 * 8; e += KILN_CUBE) {
+        const unsigned feature = row0 + e / 8, r = e % 8;
+        if (r < KILN_ROWS && feature < p.n) {
+            int acc = 0;
+#pragma unroll
+            for (unsigned i = 0; i < warps; ++i) acc += tiles[i][e];
+            out[(size_t)r * p.n + feature] = kiln_out((float)(acc - (int)x_sums[r]) / (x_scales[r] * w_scales[feature / p.group]));
+        }
+    }
 }
 
 // Each row's `v[r]` reduced over the cube with `op` (every thread gets the results). `scratch`

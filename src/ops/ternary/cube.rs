@@ -1,5 +1,5 @@
 //! Ternary weights on CubeCL backends: the packing and activation kernels, the W2A8 GEMV for
-//! few rows (`dp4a` on CUDA, the portable kernel elsewhere), and for more rows the W2A8 GEMM on
+//! few rows (`dp4a` or integer `mma.sync` on CUDA, the portable kernel elsewhere), and for more rows the W2A8 GEMM on
 //! Hopper's integer warpgroup MMA, or elsewhere the codes through kiln's GEMM (cuBLASLt's i8 GEMM
 //! on other CUDA devices) with the scales applied after. The input gradient runs on Hopper's
 //! float warpgroup MMA from the packed weight, elsewhere through kiln's GEMM on the dequantized
@@ -149,7 +149,8 @@ fn packed_acts<R: CubeRuntime>(x: &CubeTensor<R>, tiled: bool) -> [CubeTensor<R>
 
 /// The GEMV: for one row on CUDA, one `dp4a` kernel that also quantizes the activations (where
 /// they fit its shared memory); otherwise activations quantized and packed by one kernel, then
-/// the `dp4a` kernel on CUDA or the portable one.
+/// on CUDA the `dp4a` kernel (the integer MMA one for 2–8 rows from compute capability 8.0), or
+/// the portable one.
 fn gemv<R: CubeRuntime>(x: CubeTensor<R>, weight: &Weight<R>) -> CubeTensor<R> {
     let [m, k] = dims(&x);
     let l = weight.layout;
@@ -328,13 +329,13 @@ mod dp4a {
         launch_gemv_fused(client, [kind, kind], m, l.n, l.k, l.group, args)
     }
 
-    /// The `dp4a` GEMV on quantized activations, if [`target`] allows; `false` leaves the
+    /// The CUDA GEMV on quantized activations, if [`target`] allows; `false` leaves the
     /// product to the portable kernel.
     pub(super) fn gemv<R: CubeRuntime>(x: &CubeTensor<R>, m: usize, weight: &Weight<R>, acts: [&CubeTensor<R>; 3], out: &CubeTensor<R>) -> bool {
         let Some((client, kind)) = target(x, out) else { return false };
         let l = weight.layout;
         let args = packed_args(acts, weight, out);
-        launch_gemv(client, kind, m, l.n, l.k, l.group, args);
+        launch_gemv(client, kind, m, l.n, l.k, l.group, cuda::capable(x, (8, 0)), args);
         true
     }
 }

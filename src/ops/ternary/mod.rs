@@ -5,8 +5,8 @@
 //!   quantizers, kiln's 2-bit packing and HF `BitNetForCausalLM`'s, the exact oracle.
 //! - [`TernaryWeight`]: a packed weight `[n, k]` on the device (words, group scales).
 //! - [`ternary_matmul`]: `x · Wᵀ` with `x` quantized per row to int8 and integer sums. Up to
-//!   [`GEMV_MAX_ROWS`] rows a GEMV reads the packed words directly (`dp4a` on CUDA, one kernel
-//!   with the activations' quantization for one row); more rows run
+//!   [`GEMV_MAX_ROWS`] rows a GEMV reads the packed words directly (on CUDA `dp4a`, one kernel
+//!   with the activations' quantization for one row, and integer `mma.sync` for 2–8); more rows run
 //!   on cuBLASLt's int8 tensor cores on CUDA (exact i32 sums), elsewhere the codes go through
 //!   kiln's GEMM (exact for f32 inputs; half-precision inputs round the sum to their dtype once
 //!   before the scale, as HF's `BitLinear` does). Its backward gives the input
