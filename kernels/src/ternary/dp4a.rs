@@ -39,9 +39,10 @@ fn fused_cube(kv: usize) -> usize {
 /// vectors a thread; one feature below 4096 features) on the H100, same call: 13824 × 2560 went
 /// from 9.0–9.6 to 6.6–7.7 µs and 28672 × 8192 from 28.8–29.3 to 28.2–28.6; the other BitNet and
 /// Llama shapes moved within the calls' noise. Without the threads floor 2560 × 2560 ran 40
-/// cubes and lost a third (`benches/RESULTS.md`, thirty-second session). More rows keep about
-/// two vectors a thread and take four features, so one activation load serves more weight rows
-/// (8 rows at 8192 → 28672: 140 → 102 µs).
+/// cubes and lost a third (`benches/RESULTS.md`, thirty-second session). More rows (on devices
+/// without the integer MMA, or with `KILN_TERNARY_GEMV_MMA=0`) keep about two vectors a thread
+/// and take four features, so one activation load serves more weight rows (8 rows at 8192 →
+/// 28672: 140 → 102 µs).
 fn tiling(rows: usize, n: usize, kv: usize, sms: usize) -> (usize, usize) {
     let (mut threads, mut features) = match rows {
         1 => (prev_power_of_two(kv / 4).clamp(4, 32), 2),
