@@ -26,7 +26,7 @@ const CUBE_THREADS: usize = 256;
 fn fused_cube(kv: usize) -> usize {
     match 4 * kv {
         ..=256 => 256,
-        ..=1024 => 512,
+        257..=1024 => 512,
         _ => 1024,
     }
 }
@@ -71,17 +71,30 @@ fn source(params: &[u32]) -> String {
     )
 }
 
-/// The kernel variant for `rows` activation rows against `[n, k]` in cubes of `cube` threads,
-/// with its tiling.
-#[allow(clippy::too_many_arguments)]
-fn kernel(entry: &'static str, client: &ComputeClient<CudaRuntime>, rows: usize, n: usize, k: usize, kinds: [FloatKind; 2], cube: usize, shared_bytes: usize) -> (CudaSourceKernel, usize, usize) {
-    assert!((1..=GEMV_MAX_ROWS).contains(&rows) && k <= MAX_K && n < u32::MAX as usize, "kiln ternary dp4a gemv: {rows} rows, [{n}, {k}]");
+/// The `dp4a` tiling (threads a row, features a thread) for `rows` activation rows against
+/// `[n, k]` on `client`'s device, after checking the shape the kernels take.
+fn device_tiling(client: &ComputeClient<CudaRuntime>, rows: usize, n: usize, k: usize) -> (usize, usize) {
+    check(rows, n, k);
     let sms = client.properties().hardware.num_streaming_multiprocessors.unwrap_or(132) as usize;
-    let (threads, features) = tiling(rows, n, k.div_ceil(ROW_GRANULE), sms);
-    let params = [rows, threads, features, kinds[0] as usize, kinds[1] as usize, cube].map(|p| p as u32);
-    let kernel = CudaSourceKernel { entry, key: (FINGERPRINT, params.to_vec()), cube_dim: CubeDim::new_1d(cube as u32), shared_bytes, source };
-    (kernel, threads, features)
+    tiling(rows, n, k.div_ceil(ROW_GRANULE), sms)
 }
+
+/// Panics on a shape the kernels do not take: 1 to 8 rows, `k` within exact integer sums, `n`
+/// within u32.
+fn check(rows: usize, n: usize, k: usize) {
+    assert!((1..=GEMV_MAX_ROWS).contains(&rows) && k <= MAX_K && n < u32::MAX as usize, "kiln ternary dp4a gemv: {rows} rows, [{n}, {k}]");
+}
+
+/// The compiled variant of `entry` for `rows` activation rows, the `dp4a` tiling `(threads,
+/// features)`, the element `kinds` and cubes of `cube` threads.
+fn kernel(entry: &'static str, rows: usize, (threads, features): (usize, usize), kinds: [FloatKind; 2], cube: usize, shared_bytes: usize) -> CudaSourceKernel {
+    let params = [rows, threads, features, kinds[0] as usize, kinds[1] as usize, cube].map(|p| p as u32);
+    CudaSourceKernel { entry, key: (FINGERPRINT, params.to_vec()), cube_dim: CubeDim::new_1d(cube as u32), shared_bytes, source }
+}
+
+/// The tiling the MMA entry compiles with: it reads none, but the source defines one for the
+/// file's other entries, and a fixed one lets every shape share a compilation.
+const MMA_TILING: (usize, usize) = (32, 1);
 
 /// Enqueues `out = acc / (s_x · s_w)` on `client`'s stream. With `mma` (a device of compute
 /// capability 8.0 or up), two to eight rows take the integer tensor-core kernel, one cube of
@@ -93,11 +106,13 @@ fn kernel(entry: &'static str, client: &ComputeClient<CudaRuntime>, rows: usize,
 pub fn launch_gemv(client: &ComputeClient<CudaRuntime>, out_kind: FloatKind, rows: usize, n: usize, k: usize, group: usize, mma: bool, args: PackedArgs) {
     let buffers = vec![args.x, args.x_scales, args.x_sums, args.words, args.w_scales, args.out];
     if mma && rows > 1 && crate::measurement_override("KILN_TERNARY_GEMV_MMA", 0..=1) != Some(0) {
-        let (kernel, ..) = kernel("kiln_ternary_gemv_mma", client, rows, n, k, [out_kind, FloatKind::F32], CUBE_THREADS, 0);
+        check(rows, n, k);
+        let kernel = kernel("kiln_ternary_gemv_mma", rows, MMA_TILING, [out_kind, FloatKind::F32], CUBE_THREADS, 0);
         kernel.launch(client, CubeCount::Static(n.div_ceil(16) as u32, 1, 1), buffers, &shape_params(n, k, group));
         return;
     }
-    let (kernel, threads, features) = kernel("kiln_ternary_gemv", client, rows, n, k, [out_kind, FloatKind::F32], CUBE_THREADS, 0);
+    let (threads, features) = device_tiling(client, rows, n, k);
+    let kernel = kernel("kiln_ternary_gemv", rows, (threads, features), [out_kind, FloatKind::F32], CUBE_THREADS, 0);
     let cubes = CubeCount::Static((n.div_ceil(features) * threads).div_ceil(CUBE_THREADS) as u32, 1, 1);
     kernel.launch(client, cubes, buffers, &shape_params(n, k, group));
 }
@@ -140,7 +155,8 @@ pub fn launch_gemv_fused(client: &ComputeClient<CudaRuntime>, kinds: [FloatKind;
     }
     let [out_kind, in_kind] = kinds;
     let cube = fused_cube(kv);
-    let (kernel, threads, features) = kernel("kiln_ternary_gemv_fused", client, rows, n, k, [out_kind, in_kind], cube, shared);
+    let (threads, features) = device_tiling(client, rows, n, k);
+    let kernel = kernel("kiln_ternary_gemv_fused", rows, (threads, features), [out_kind, in_kind], cube, shared);
     // Every cube quantizes the whole activation once, so the grid is as many cubes as can be
     // resident (by threads and shared memory), each striding over the features.
     let hardware = &client.properties().hardware;
