@@ -4,13 +4,14 @@ Hopper header, the integer wrappers and `cuda_out.cuh` (ptxas' registers, spills
 warnings printed), checked bit-exactly against torch (f64 integer sums, then the same f32
 division and rounding) on random codes and scales over 2^-10 … 2^10, and timed like
 `benches/peers/gemm.py`'s `gpu_seconds` next to torch's bf16 GEMM and `torch._int_mm`
-(cuBLASLt's int8 GEMM) in the same process. A source that bulk-copies its activations takes
-them tiled (`ActCodes::Tiled`), the others row-major.
+(cuBLASLt's int8 GEMM) in the same process, at every shape but the first. A source that
+bulk-copies its activations takes them tiled (`ActCodes::Tiled`), the others row-major.
 
 Usage on the GPU machine, from the repository root:
     python3 benches/probes/ternary_gemm.py [variant.cu ...]   (default: the committed kernel)
 Environment: SHAPES (`m`x`n`x`k` list), KINDS (output kinds checked at every shape, 0 f32, 1 f16,
-2 bf16; default all three on the first shape, bf16 after; timings are of the last kind)."""
+2 bf16; default all three on the first shape, bf16 after; timings are of the last kind), SPLITS
+(KILN_SPLITS values, each a variant of every source: cubes a tile splitting k; default 1)."""
 import os, subprocess, sys, re
 import torch
 
@@ -52,8 +53,9 @@ def build(defines, headers, source, tag, entry):
 
 
 class Variant:
-    def __init__(self, path):
-        self.name = os.path.basename(path)
+    def __init__(self, path, splits):
+        self.name = os.path.basename(path) + (f":S{splits}" if splits > 1 else "")
+        self.splits = splits
         text = open(path).read()
         sig = "const __grid_constant__ GemmParams p) {"
         assert sig in text
@@ -66,12 +68,13 @@ class Variant:
     def function(self, kind):
         if kind not in self.cache:
             headers = ("hopper/common.cuh", "hopper/wgmma_int.cuh", "cuda_out.cuh")
-            self.cache[kind] = build(f"#define KILN_OUT_KIND {kind}\n", headers, self.src, f"{self.name}_{kind}", "kiln_ternary_gemm")
+            defines = f"#define KILN_OUT_KIND {kind}\n#define KILN_SPLITS {self.splits}\n"
+            self.cache[kind] = build(defines, headers, self.src, f"{self.name.replace(':', '_')}_{kind}", "kiln_ternary_gemm")
         return self.cache[kind]
 
     def launch(self, kind, m, n, row_words, group, bufs, stream):
         fn, shared, threads = self.function(kind)
-        cubes = -(-m // TOKS) * -(-n // FEATS)
+        cubes = -(-m // TOKS) * -(-n // FEATS) * self.splits
         u = cp.uint32
         fn((cubes,), (threads,), bufs + (u(m), u(n), u(row_words), u(group)), shared_mem=shared, stream=stream)
 
@@ -102,7 +105,8 @@ def ptr(t):
 
 def main():
     paths = sys.argv[1:] or [os.path.join(SRC, "ternary", "gemm.cu")]
-    variants = [Variant(p) for p in paths]
+    splits = [int(v) for v in os.environ.get("SPLITS", "1").split(",")]
+    variants = [Variant(p, s) for p in paths for s in splits]
     stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
     gen = torch.Generator(device="cuda").manual_seed(0)
     for index, (m, n, k) in enumerate(SHAPES):
@@ -133,12 +137,12 @@ def main():
                 ref = ref32.to(DTYPES[kind])
                 bad = int((out.view(torch.int32 if kind == 0 else torch.int16) != ref.view(torch.int32 if kind == 0 else torch.int16)).sum())
                 line += f" | {v.name} kind {kind} {'exact' if bad == 0 else f'{bad} WRONG'}"
-            if m >= 512:
+            if index > 0:
                 with stream:
                     t = gpu_seconds(lambda: v.launch(kinds[-1], m, n, kp // 16, group, bufs, stream), calls=40)
                 line += f" {t * 1e3:.4f} ms {ops / t / 1e12:5.0f} TOP/s"
         del ref32, out
-        if m >= 512:
+        if index > 0:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
             tb = gpu_seconds(lambda: x @ w.t(), calls=40)

@@ -25,7 +25,13 @@
 // block's copies landing and its MMAs. Cubes walk the tiles in groups of GROUP activation tiles,
 // so a group's activations stay in L2 while its weights stream past once.
 //
-// Defines: KILN_OUT_KIND (0 f32, 1 f16, 2 bf16). kiln places `hopper/common.cuh`,
+// Split k (KILN_SPLITS = 2 or 3, where a launch has too few tiles to fill the SMs): the SPLITS
+// cubes of a tile form one thread-block cluster and each runs its share of k's blocks; the others
+// leave their integer sums in their own shared memory and the tile's first cube adds them through
+// distributed shared memory (`ld.shared::cluster`) before its epilogue. Integer sums make the
+// split exact, and no global workspace or zeroing is needed.
+//
+// Defines: KILN_OUT_KIND (0 f32, 1 f16, 2 bf16), KILN_SPLITS (1, 2, 3). kiln places `hopper/common.cuh`,
 // `hopper/wgmma_int.cuh` and `cuda_out.cuh` (the output element) before this source.
 
 #define FEATS 128
@@ -34,6 +40,7 @@
 #define STAGES 5
 #define GROUP 8
 #define THREADS 256
+#define SPLITS KILN_SPLITS
 #define ACT_TILE (TOKS * BK)
 #define W_TILE (FEATS * BK / 4)
 #define STAGE_BYTES (ACT_TILE + W_TILE)
@@ -91,25 +98,26 @@ __device__ __forceinline__ void load_scales(Scales* s, const float* x_scales, co
     if (i < FEATS) s->w[i] = f < p.n ? w_scales[f / p.group] : 1.f;
 }
 
-// Where block `kb` of k lands: stage `kb % STAGES`, the activation tile first, then the weight's.
+// Where the cube's block `kb` (counted from its first) lands: stage `kb % STAGES`, the activation
+// tile first, then the weight's.
 __device__ __forceinline__ u32 stage_at(u32 base, int kb) { return base + (kb % STAGES) * STAGE_BYTES; }
 
 // The mbarrier on which stage `s`'s activation copy lands (after the scales).
 __device__ __forceinline__ u32 landed_at(u32 base, int s) { return base + STAGES * STAGE_BYTES + 2 * (THREADS / 128) * CODE_TILE + SCALES_BYTES + 8 * s; }
 
-// Stages block `kb` of k: TOKS activation rows of BK bytes (one bulk copy by thread 0; rows past
+// Stages the cube's block `kb` (block `kb0 + kb` of k): TOKS activation rows of BK bytes (one bulk copy by thread 0; rows past
 // `m` are not copied: whatever the stage held there only reaches outputs that are never stored)
 // and FEATS weight rows of BK / 4 bytes (plain), zeros past `n` or the padded row.
-__device__ __forceinline__ void load_block(u32 base, const unsigned char* acts, const unsigned char* w, const GemmParams& p, u32 tok0, u32 f0, int kb) {
+__device__ __forceinline__ void load_block(u32 base, const unsigned char* acts, const unsigned char* w, const GemmParams& p, u32 tok0, u32 f0, int kb0, int kb) {
     const u32 stage = stage_at(base, kb), w_row = p.row_words * 4;
     if (threadIdx.x == 0) {
         const u32 bytes = min((u32)TOKS, p.m - tok0) * BK, landed = landed_at(base, kb % STAGES);
         barrier_expect(landed, bytes);
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(stage), "l"(acts + ((u64)kb * p.m + tok0) * BK),
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(stage), "l"(acts + ((u64)(kb0 + kb) * p.m + tok0) * BK),
                      "r"(bytes), "r"(landed) : "memory");
     }
     static_assert(FEATS * (BK / 64) == THREADS, "one weight chunk a thread");
-    const u32 r = threadIdx.x / 2, off = kb * (BK / 4) + (threadIdx.x % 2) * 16;
+    const u32 r = threadIdx.x / 2, off = (kb0 + kb) * (BK / 4) + (threadIdx.x % 2) * 16;
     const bool ok = f0 + r < p.n && off < w_row;
     copy16(stage + ACT_TILE + r * (BK / 4) + (threadIdx.x % 2) * 16, ok ? w + (u64)(f0 + r) * w_row + off : w, ok ? 16 : 0);
 }
@@ -133,13 +141,13 @@ __device__ __forceinline__ void expand(u32 codes, u32 w_tile, int i) {
 // activations, refills the stage freed two blocks ago, issues this block's four k32 MMAs, retires
 // the previous block's, and expands block kb + 1's weights into the byte tile that block's MMAs
 // read, while this block's run.
-__device__ __forceinline__ void step(int (&acc)[128], const u32 (&codes)[2], u32 base, int kb, int blocks, int wg, const unsigned char* acts,
+__device__ __forceinline__ void step(int (&acc)[128], const u32 (&codes)[2], u32 base, int kb0, int kb, int blocks, int wg, const unsigned char* acts,
                                      const unsigned char* w, const GemmParams& p, u32 tok0, u32 f0) {
     copy_wait<STAGES - 4>();
     async_proxy_fence();  // this thread's expanded bytes and copies, before the barrier shows them to wgmma
     __syncthreads();
     barrier_wait(landed_at(base, kb % STAGES), (kb / STAGES) & 1);
-    if (kb + STAGES - 2 < blocks) load_block(base, acts, w, p, tok0, f0, kb + STAGES - 2);
+    if (kb + STAGES - 2 < blocks) load_block(base, acts, w, p, tok0, f0, kb0, kb + STAGES - 2);
     copy_commit();
     const u32 stage = stage_at(base, kb), a = codes[kb % 2];
     wgmma_fence();
@@ -150,9 +158,10 @@ __device__ __forceinline__ void step(int (&acc)[128], const u32 (&codes)[2], u32
     if (kb + 1 < blocks) expand(codes[(kb + 1) % 2], stage_at(base, kb + 1) + ACT_TILE + wg * 64 * (BK / 4), threadIdx.x % 128);
 }
 
-// The cube's tile: groups of GROUP activation tiles, weight tiles in order within a group, the
-// group's activation tiles fastest.
+// The tile of cube `cube / SPLITS`: groups of GROUP activation tiles, weight tiles in order within
+// a group, the group's activation tiles fastest.
 __device__ __forceinline__ void tile_of(u32 cube, const GemmParams& p, u32& tok0, u32& f0) {
+    cube /= SPLITS;
     const u32 tok_tiles = (p.m + TOKS - 1) / TOKS, feat_tiles = (p.n + FEATS - 1) / FEATS;
     const u32 per_group = GROUP * feat_tiles, group = cube / per_group;
     const u32 first = group * GROUP, size = min(GROUP, tok_tiles - first), within = cube % per_group;
@@ -160,10 +169,53 @@ __device__ __forceinline__ void tile_of(u32 cube, const GemmParams& p, u32& tok0
     f0 = (within / size) * FEATS;
 }
 
+#if SPLITS > 1
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// Adds the tile's other cubes' sums to the first cube's, through distributed shared memory: each
+// other cube stores its accumulators in its own (free) stages, `acc[4j … 4j+3]` of thread `t` at
+// 16-byte slot `j · THREADS + t`, and the first cube's thread `t` reads the same slots of each;
+// the second cluster barrier keeps the others' shared memory alive until it has. Returns whether
+// this cube is done (not the tile's first).
+__device__ __forceinline__ bool gather_splits(int (&acc)[128], u32 base, int rank) {
+    static_assert(128 * THREADS * 4 <= STAGES * STAGE_BYTES, "the sums fit in the stages");
+    const u32 slot = base + threadIdx.x * 16;
+    if (rank != 0) {
+        #pragma unroll
+        for (int j = 0; j < 32; ++j)
+            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(slot + j * THREADS * 16), "r"(acc[4 * j]), "r"(acc[4 * j + 1]), "r"(acc[4 * j + 2]), "r"(acc[4 * j + 3]) : "memory");
+    }
+    cluster_sync();
+    if (rank == 0) {
+        #pragma unroll 1
+        for (int r = 1; r < SPLITS; ++r) {
+            u32 remote;
+            asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(slot), "r"(r));
+            #pragma unroll
+            for (int j = 0; j < 32; ++j) {
+                int v[4];
+                asm volatile("ld.shared::cluster.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(remote + j * THREADS * 16) : "memory");
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) acc[4 * j + e] += v[e];
+            }
+        }
+    }
+    cluster_sync();
+    return rank != 0;
+}
+#endif
+
 // acts tiled int8 codes (`[blocks][m][128]`, above); x_scales, x_sums `[m]` f32 (the sums are integers);
 // w `[n, row_words]` packed words; w_scales one f32 per `group` rows; out dense `[m, n]`.
-// One cube per (activation tile, weight tile), THREADS threads, KILN_SHARED_BYTES of shared memory.
-extern "C" __global__ void __launch_bounds__(THREADS, 1) kiln_ternary_gemm(
+// SPLITS cubes per (activation tile, weight tile), THREADS threads, KILN_SHARED_BYTES of shared memory.
+#if SPLITS > 1
+#define CLUSTER __cluster_dims__(SPLITS, 1, 1)
+#else
+#define CLUSTER
+#endif
+extern "C" __global__ void CLUSTER __launch_bounds__(THREADS, 1) kiln_ternary_gemm(
     const unsigned char* __restrict__ acts, const float* __restrict__ x_scales, const float* __restrict__ x_sums,
     const unsigned char* __restrict__ w, const float* __restrict__ w_scales, out_t* __restrict__ out,
     const __grid_constant__ GemmParams p) {
@@ -176,10 +228,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kiln_ternary_gemm(
         barrier_init_fence();
     }
     __syncthreads();
-    const int blocks = (p.row_words * 16 + BK - 1) / BK;
+    // This cube's share of k's blocks: [kb0, kb0 + blocks), at least one block a cube (the
+    // launch splits only rows of more than SPLITS blocks).
+    const int all = (p.row_words * 16 + BK - 1) / BK, rank = blockIdx.x % SPLITS;
+    const int kb0 = all * rank / SPLITS, blocks = all * (rank + 1) / SPLITS - kb0;
     #pragma unroll
     for (int kb = 0; kb < STAGES - 2; ++kb) {
-        if (kb < blocks) load_block(base, acts, w, p, tok0, f0, kb);
+        if (kb < blocks) load_block(base, acts, w, p, tok0, f0, kb0, kb);
         copy_commit();
     }
 
@@ -195,11 +250,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kiln_ternary_gemm(
     int acc[128];
     #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0;
-    for (int kb = 0; kb < blocks; ++kb) step(acc, codes, base, kb, blocks, wg, acts, w, p, tok0, f0);
+    for (int kb = 0; kb < blocks; ++kb) step(acc, codes, base, kb0, kb, blocks, wg, acts, w, p, tok0, f0);
     wgmma_wait<0>();
     fence_accumulators(acc);
     copy_wait<0>();
     __syncthreads();  // every warpgroup is done reading the stages: the output tile reuses them
+#if SPLITS > 1
+    if (gather_splits(acc, base, rank)) return;
+#endif
 
     // Scale into the output tile `[TOKS][OUT_PITCH]` in shared memory: acc[4j + 2h + e] is token
     // 8j + 2t + e, weight row `row + 8h`.

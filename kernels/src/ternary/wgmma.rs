@@ -33,12 +33,12 @@ const THREADS: u32 = 256;
 const SHARED_BYTES: usize = 5 * (TOKS * 128 + FEATS * 32) + 2 * 2 * 64 * 128 + (2 * TOKS + FEATS) * 4 + 5 * 8 + 1024;
 
 fn source(params: &[u32]) -> String {
-    let [out] = params else { unreachable!("one gemm parameter") };
-    format!("#define KILN_OUT_KIND {out}\n{COMMON}\n{WGMMA_INT}\n{OUT_ELEMENT}\n{SOURCE}")
+    let [out, splits] = params else { unreachable!("two gemm parameters") };
+    format!("#define KILN_OUT_KIND {out}\n#define KILN_SPLITS {splits}\n{COMMON}\n{WGMMA_INT}\n{OUT_ELEMENT}\n{SOURCE}")
 }
 
 /// Whether the kernel takes `m` activation rows against a `[n, k]` weight: `k` up to [`MAX_K`],
-/// fewer than 2³¹ tiles, and not turned off by `KILN_TERNARY_WGMMA=0` (which measures the other
+/// fewer than 2³¹ cubes, and not turned off by `KILN_TERNARY_WGMMA=0` (which measures the other
 /// path against this one). The device must be compute capability 9.0 too (the source is `sm_90a`):
 /// the caller checks that.
 pub fn serves(m: usize, n: usize, k: usize) -> bool {
@@ -47,12 +47,27 @@ pub fn serves(m: usize, n: usize, k: usize) -> bool {
 
 /// The shape limits of [`serves`].
 fn fits(m: usize, n: usize, k: usize) -> bool {
-    m > 0 && n > 0 && (1..=MAX_K).contains(&k) && tiles(m, n) < i32::MAX as usize
+    m > 0 && n > 0 && (1..=MAX_K).contains(&k) && 3 * tiles(m, n) < i32::MAX as usize
 }
 
-/// Cubes of a launch: one per (activation tile, weight tile).
+/// Tiles of a launch: one per (activation tile, weight tile).
 fn tiles(m: usize, n: usize) -> usize {
     m.div_ceil(TOKS) * n.div_ceil(FEATS)
+}
+
+/// k blocks (`gemm.cu`'s BK = 128 codes) a cube takes at least when a tile's k is split.
+const SPLIT_MIN_BLOCKS: usize = 8;
+
+/// Cubes (one cluster) that share each tile's k: as many as still fit the `sms` at once, up to
+/// 3, each with [`SPLIT_MIN_BLOCKS`] or more. A launch of fewer tiles than half the SMs otherwise
+/// leaves SMs idle for its whole run: 512 rows against `[4096, 11008]` (64 tiles) ran 1.47×
+/// faster on two cubes a tile, 64 rows (32 tiles) 1.7× on three, while 172 tiles (2 waves) and 128
+/// ran slower split. Clusters of four ran slower than of three even at 32 tiles (128 cubes): 1-SM
+/// cubes in clusters of four do not all fit the GPCs at once (`benches/RESULTS.md`, thirty-sixth
+/// session).
+fn splits(m: usize, n: usize, k: usize, sms: usize) -> usize {
+    let blocks = weight_row_words(k).div_ceil(8);
+    (sms / tiles(m, n)).min(blocks / SPLIT_MIN_BLOCKS).clamp(1, 3)
 }
 
 /// Enqueues `out = (Σ c_w · q_x − Σ q_x) / (s_x · s_w)` for `m` activation rows (`args.x` in the
@@ -60,9 +75,11 @@ fn tiles(m: usize, n: usize) -> usize {
 /// output elements of `out_kind`, for a shape the kernel [`serves`].
 pub fn launch_gemm(client: &ComputeClient<CudaRuntime>, out_kind: FloatKind, m: usize, n: usize, k: usize, group: usize, args: PackedArgs) {
     assert!(fits(m, n, k), "kiln ternary wgmma gemm: {m} rows against [{n}, {k}]");
+    let sms = client.properties().hardware.num_streaming_multiprocessors.unwrap_or(132) as usize;
+    let splits = splits(m, n, k, sms);
     let kernel = CudaSourceKernel {
         entry: "kiln_ternary_gemm",
-        key: (FINGERPRINT, vec![out_kind as u32]),
+        key: (FINGERPRINT, vec![out_kind as u32, splits as u32]),
         cube_dim: CubeDim::new_1d(THREADS),
         shared_bytes: SHARED_BYTES,
         source,
@@ -70,7 +87,7 @@ pub fn launch_gemm(client: &ComputeClient<CudaRuntime>, out_kind: FloatKind, m: 
     let buffers = vec![args.x, args.x_scales, args.x_sums, args.words, args.w_scales, args.out];
     // `GemmParams`: rows, features, packed words a weight row, rows a scale.
     let params = [m, n, weight_row_words(k), group].map(|v| v as u32);
-    kernel.launch(client, CubeCount::Static(tiles(m, n) as u32, 1, 1), buffers, &params);
+    kernel.launch(client, CubeCount::Static((tiles(m, n) * splits) as u32, 1, 1), buffers, &params);
 }
 
 /// `grad.cu`'s tile (`COLS` weight columns by `tokens` gradient rows) and its dy box (`tokens`
@@ -158,7 +175,25 @@ pub fn launch_input_grad(client: &ComputeClient<CudaRuntime>, kind: FloatKind, m
 
 #[cfg(test)]
 mod tests {
-    use super::group_magic;
+    use super::{group_magic, splits};
+
+    /// Tiles split k only while the SMs stay within one wave, each cube keeping 8 or more blocks.
+    #[test]
+    fn splits_fill_one_wave() {
+        let cases = [
+            ((512, 4096, 11008), 2),  // 64 tiles, 86 blocks
+            ((512, 11008, 4096), 1),  // 172 tiles
+            ((1024, 4096, 11008), 1), // 128 tiles
+            ((17, 1024, 4096), 3),    // 8 tiles, 32 blocks
+            ((40, 700, 3000), 3),     // 6 tiles, 24 blocks
+            ((300, 1001, 2600), 2),   // 16 tiles, 21 blocks
+            ((9, 64, 1000), 1),       // 8 blocks
+            ((9, 64, 1 << 20), 3),
+        ];
+        for ((m, n, k), want) in cases {
+            assert_eq!(splits(m, n, k, 132), want, "{m} rows against [{n}, {k}]");
+        }
+    }
 
     /// `umul64hi(row, magic) = row / group` for every row below 2³² (checked at the edges).
     #[test]
