@@ -618,6 +618,9 @@ fn main() {
     if mode == "ternary-prefill" {
         ternary::bench_prefill(&device);
     }
+    if mode == "ternary-prefill-once" {
+        ternary::prefill_once(&device);
+    }
     if mode == "ternary-grad" {
         ternary::bench_input_grad(&device);
     }

@@ -148,6 +148,21 @@ pub fn bench_prefill(device: &CudaDevice) {
     }
 }
 
+/// The prefill products once each, twice a shape and in `bench_prefill`'s order, for a profiler
+/// to time the activation kernel and the GEMM of each launch (`ncu -k regex:quantize|gemm`).
+pub fn prefill_once(device: &CudaDevice) {
+    for (n, k) in PREFILL {
+        let w = weight::<B>(n, k, device);
+        for m in [512, 2048, 8192] {
+            let x = bf16::<B, 2>([m, k], device);
+            println!("prefill once m{m} n{n} k{k}");
+            for _ in 0..2 {
+                let _ = ops::ternary_matmul(x.clone(), &w).into_data();
+            }
+        }
+    }
+}
+
 /// The packed weight's input gradient `dy · W̃` (on the H100 the wgmma kernel that expands the
 /// packed weight in shared memory; with `KILN_TERNARY_GRAD_WGMMA=0` the dequantized weight through
 /// cuBLASLt) next to kiln's bf16 product of the same shape (cuBLASLt on a dense weight), with the

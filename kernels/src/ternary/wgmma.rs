@@ -28,9 +28,9 @@ const TOKS: usize = 256;
 const THREADS: u32 = 256;
 
 /// `gemm.cu`'s `KILN_SHARED_BYTES`: five stages of a `[256, 128]` activation block and its
-/// `[128, 32]` packed weight bytes, two `[64, 128]` byte tiles per warpgroup, the tile's scales and
-/// code sums, the stages' mbarriers, and 1 KB to align the swizzled tiles.
-const SHARED_BYTES: usize = 5 * (TOKS * 128 + FEATS * 32) + 2 * 2 * 64 * 128 + (2 * TOKS + FEATS) * 4 + 5 * 8 + 1024;
+/// `[128, 32]` packed weight bytes, two `[64, 128]` byte tiles per warpgroup, the tile's scales,
+/// their reciprocals and code sums, the stages' mbarriers, and 1 KB to align the swizzled tiles.
+const SHARED_BYTES: usize = 5 * (TOKS * 128 + FEATS * 32) + 2 * 2 * 64 * 128 + (3 * TOKS + 2 * FEATS) * 4 + 5 * 8 + 1024;
 
 fn source(params: &[u32]) -> String {
     let [out, splits] = params else { unreachable!("two gemm parameters") };
