@@ -58,16 +58,18 @@ fn tiles(m: usize, n: usize) -> usize {
 /// k blocks (`gemm.cu`'s BK = 128 codes) a cube takes at least when a tile's k is split.
 const SPLIT_MIN_BLOCKS: usize = 8;
 
-/// Cubes (one cluster) that share each tile's k: as many as still fit the `sms` at once, up to
-/// 3, each with [`SPLIT_MIN_BLOCKS`] or more. A launch of fewer tiles than half the SMs otherwise
-/// leaves SMs idle for its whole run: 512 rows against `[4096, 11008]` (64 tiles) ran 1.47×
-/// faster on two cubes a tile, 64 rows (32 tiles) 1.7× on three, while 172 tiles (2 waves) and 128
-/// ran slower split. Clusters of four ran slower than of three even at 32 tiles (128 cubes): 1-SM
-/// cubes in clusters of four do not all fit the GPCs at once (`benches/RESULTS.md`, thirty-sixth
-/// session).
+/// Cubes (one cluster) that share each tile's k: 3 up to a quarter as many tiles as SMs, 2 up to
+/// half, else 1, and each cube [`SPLIT_MIN_BLOCKS`] or more. A launch of fewer tiles than half
+/// the SMs otherwise leaves SMs idle for its whole run: 512 rows against `[4096, 11008]` (64
+/// tiles) ran 1.47× faster on two cubes a tile and 64 rows (32 tiles) 1.7× on three. Cubes fill an
+/// SM each, and a cluster's must share a GPC: 32 tiles on four cubes each (128) ran 1.6× slower
+/// than on three (96), and 40 tiles on three (120, launched after a whole wave of tiles) 1.2×
+/// slower than in that launch, unsplit; so three a tile stops at a quarter of the SMs
+/// (`benches/RESULTS.md`, thirty-sixth session).
 fn splits(m: usize, n: usize, k: usize, sms: usize) -> usize {
-    let blocks = weight_row_words(k).div_ceil(8);
-    (sms / tiles(m, n)).min(blocks / SPLIT_MIN_BLOCKS).clamp(1, 3)
+    let (tiles, most) = (tiles(m, n), weight_row_words(k).div_ceil(8) / SPLIT_MIN_BLOCKS);
+    let fit = if 4 * tiles <= sms { 3 } else if 2 * tiles <= sms { 2 } else { 1 };
+    fit.min(most).max(1)
 }
 
 /// Enqueues `out = (Σ c_w · q_x − Σ q_x) / (s_x · s_w)` for `m` activation rows (`args.x` in the
@@ -177,7 +179,8 @@ pub fn launch_input_grad(client: &ComputeClient<CudaRuntime>, kind: FloatKind, m
 mod tests {
     use super::{group_magic, splits};
 
-    /// Tiles split k only while the SMs stay within one wave, each cube keeping 8 or more blocks.
+    /// Tiles split k only while their clusters fit the SMs at once, each cube keeping 8 or more
+    /// blocks.
     #[test]
     fn splits_fill_one_wave() {
         let cases = [
@@ -189,6 +192,8 @@ mod tests {
             ((300, 1001, 2600), 2),   // 16 tiles, 21 blocks
             ((9, 64, 1000), 1),       // 8 blocks
             ((9, 64, 1 << 20), 3),
+            ((512, 2560, 6912), 2),   // 40 tiles: three a tile would not fit
+            ((256, 4224, 4096), 3),   // 33 tiles
         ];
         for ((m, n, k), want) in cases {
             assert_eq!(splits(m, n, k, 132), want, "{m} rows against [{n}, {k}]");
