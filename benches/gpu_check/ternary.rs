@@ -131,14 +131,24 @@ fn compare(label: &str, [t, bf]: [f64; 2], flops: f64, (unit, peak_name, peak): 
     );
 }
 
+/// `VAR=axb,c` as lists of numbers (`x` between the numbers of an item), if set.
+fn env_lists(var: &str) -> Option<Vec<Vec<usize>>> {
+    let v = std::env::var(var).ok()?;
+    Some(v.split(',').map(|s| s.split('x').filter_map(|d| d.parse().ok()).collect()).collect())
+}
+
 /// Prefill products (on the H100 the activation kernel and the wgmma GEMM; with
 /// `KILN_TERNARY_WGMMA=0` the weight unpacked to int8 and cuBLASLt's i8 GEMM, then the scales)
 /// next to kiln's bf16 product (cuBLASLt), with the share of the H100's dense int8 peak.
 pub fn bench_prefill(device: &CudaDevice) {
-    for (n, k) in PREFILL {
+    // `KILN_TERNARY_PREFILL=6912x2560,..` (`n`x`k`) and `KILN_TERNARY_PREFILL_ROWS=512,2048` pick
+    // other products (BitNet b1.58 2B's, say), as `benches/peers/ternary.py` takes `PREFILL`.
+    let shapes = env_lists("KILN_TERNARY_PREFILL").map_or_else(|| PREFILL.to_vec(), |l| l.into_iter().filter_map(|d| if let [n, k] = d[..] { Some((n, k)) } else { None }).collect());
+    let rows = env_lists("KILN_TERNARY_PREFILL_ROWS").map_or_else(|| vec![512, 2048, 8192], |l| l.into_iter().filter_map(|d| d.first().copied()).collect());
+    for (n, k) in shapes {
         let w = weight::<B>(n, k, device);
         let dense = bf16::<B, 2>([k, n], device);
-        for m in [512, 2048, 8192] {
+        for &m in &rows {
             let x = bf16::<B, 2>([m, k], device);
             let calls = calls_within(m * n * 2);
             let t = super::time_adaptive(device, 0.1, calls, || ops::ternary_matmul(x.clone(), &w));

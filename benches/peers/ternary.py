@@ -18,7 +18,9 @@ from gemm import gpu_seconds, seconds  # noqa: E402
 
 # (n, k): BitNet's table (weights [n, k]) and Llama's 4096 -> 11008, 8192 -> 28672.
 GEMV = [(2560, 2560), (13824, 2560), (2560, 6912), (3200, 10240), (20480, 3200), (11008, 4096), (28672, 8192)]
-PREFILL = [(11008, 4096), (4096, 11008), (28672, 8192)]
+# `PREFILL=6912x2560,..` (`n`x`k`) and `PREFILL_ROWS=512,2048` pick other products, as kiln's bench takes them.
+PREFILL = [tuple(int(v) for v in s.split("x")) for s in os.environ["PREFILL"].split(",")] if "PREFILL" in os.environ else [(11008, 4096), (4096, 11008), (28672, 8192)]
+PREFILL_ROWS = [int(v) for v in os.environ.get("PREFILL_ROWS", "512,2048,8192").split(",")]
 HBM = 3.35e12
 bf = torch.bfloat16
 
@@ -57,7 +59,7 @@ def prefill():
     for n, k in PREFILL:
         w = torch.randn(n, k, device="cuda", dtype=bf)
         wi = torch.randint(-1, 2, (n, k), device="cuda", dtype=torch.int8)
-        for m in (512, 2048, 8192):
+        for m in PREFILL_ROWS:
             x = torch.randn(m, k, device="cuda", dtype=bf)
             xi = torch.randint(-127, 128, (m, k), device="cuda", dtype=torch.int8)
             t = seconds(lambda: x @ w.t(), cap=200)
