@@ -24,16 +24,17 @@ SRC = os.path.join(HERE, "..", "..", "kernels", "src")
 SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ.get(
     "SHAPES", "300x1000x2600,512x28672x8192,2048x28672x8192,8192x28672x8192,512x11008x4096,2048x11008x4096,8192x11008x4096,2048x4096x11008").split(",")]
 DTYPES = {0: torch.float32, 1: torch.float16, 2: torch.bfloat16}
-FEATS, TOKS, GROUP = 128, 256, 8
+FEATS = 128
 
 
 def build(defines, headers, source, tag, entry):
     """nvcc-builds `source` for sm_90a after `defines` and the kiln `headers` (paths under
     `kernels/src`), as kiln places them, with a `shared_bytes` entry added; prints ptxas' registers,
     spills and wgmma warnings. Returns the kernel `entry` (its dynamic shared memory raised to the
-    source's KILN_SHARED_BYTES), that size, and the source's THREADS."""
+    source's KILN_SHARED_BYTES), that size, the source's THREADS and its TOKS (activation rows
+    a tile)."""
     head = [open(os.path.join(SRC, *h.split("/"))).read() for h in headers]
-    tail = '\nextern "C" __global__ void shared_bytes(u32* o) { o[0] = KILN_SHARED_BYTES; o[1] = THREADS; }\n'
+    tail = '\nextern "C" __global__ void shared_bytes(u32* o) { o[0] = KILN_SHARED_BYTES; o[1] = THREADS; o[2] = TOKS; }\n'
     cu = f"/tmp/probe_{tag}.cu"
     open(cu, "w").write(defines + "\n".join(head + [source, tail]))
     cubin = cu.replace(".cu", ".cubin")
@@ -45,11 +46,11 @@ def build(defines, headers, source, tag, entry):
         sys.exit(1)
     mod = cp.RawModule(path=cubin)
     fn = mod.get_function(entry)
-    sb = cp.zeros(2, dtype=cp.uint32)
+    sb = cp.zeros(3, dtype=cp.uint32)
     mod.get_function("shared_bytes")((1,), (1,), (sb,))
-    shared, threads = (int(v) for v in sb.get())
+    shared, threads, toks = (int(v) for v in sb.get())
     fn.max_dynamic_shared_size_bytes = shared
-    return fn, shared, threads
+    return fn, shared, threads, toks
 
 
 class Variant:
@@ -73,8 +74,8 @@ class Variant:
         return self.cache[kind]
 
     def launch(self, kind, m, n, row_words, group, bufs, stream):
-        fn, shared, threads = self.function(kind)
-        cubes = -(-m // TOKS) * -(-n // FEATS) * self.splits
+        fn, shared, threads, toks = self.function(kind)
+        cubes = -(-m // toks) * -(-n // FEATS) * self.splits
         u = cp.uint32
         fn((cubes,), (threads,), bufs + (u(m), u(n), u(row_words), u(group)), shared_mem=shared, stream=stream)
 

@@ -56,7 +56,7 @@ class Variant:
 
     def launch(self, kind, m, n, k, row_words, group, bufs, stream):
         toks = tokens(m, k)
-        fn, shared, threads = self.function(kind, toks)
+        fn, shared, threads, _ = self.function(kind, toks)
         cubes = -(-m // toks) * -(-k // COLS)
         u = cp.uint32
         magic = -(-(1 << 64) // group) if group > 1 else 0  # ⌈2^64 / group⌉, as kiln computes it

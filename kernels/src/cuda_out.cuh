@@ -1,9 +1,11 @@
 // The output element of kiln's CUDA C++ kernels that write f32, f16 or bf16 (`ternary/gemv.cu`,
 // `ternary/gemm.cu`, `ternary/grad.cu`, `nf4/gemv.cu`), by `KILN_OUT_KIND` (0 f32, 1 f16, 2 bf16,
 // as `FloatKind` numbers them): `out_t` and `kiln_out`, which rounds an f32 to it (to nearest,
-// ties to even); for the warpgroup-MMA kernels, `stage_transposed`, which puts a thread's
-// accumulators into an output tile in shared memory, and `store_tile`, which writes that tile
-// out. kiln places this file ([`crate::cuda_source::OUT_ELEMENT`]) before such a kernel's source.
+// ties to even), and for 16-bit kinds `kiln_out2`, which rounds two into a packed pair; for the
+// warpgroup-MMA kernels, `stage_transposed` (and for 16-bit kinds `stage_pairs_transposed`),
+// which puts a thread's accumulators into an output tile in shared memory, and `store_tile`,
+// which writes that tile out. kiln places this file ([`crate::cuda_source::OUT_ELEMENT`]) before
+// such a kernel's source.
 
 #if KILN_OUT_KIND == 0
 typedef float out_t;
@@ -19,6 +21,19 @@ __device__ __forceinline__ out_t kiln_out(float v) {
 #endif
     return r;
 }
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800  // (the paired conversions' PTX needs sm_80)
+// `lo` and `hi` rounded to out_t, packed with `lo` in the low half.
+__device__ __forceinline__ unsigned kiln_out2(float lo, float hi) {
+    unsigned r;
+#if KILN_OUT_KIND == 1
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+}
+#endif
 #endif
 
 // Stages this thread's fragment of a warpgroup MMA's `m64nN` accumulators (N = 8 J) into an output
@@ -37,6 +52,30 @@ __device__ __forceinline__ void stage_transposed(out_t* tile, int pitch, int row
         }
     }
 }
+
+#if KILN_OUT_KIND != 0 && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900)
+// `stage_transposed` for 16-bit elements by `stmatrix` (compute capability 9.0): four 8 × 8
+// matrices a store. `pair(j, h)` gives the packed elements of MMA columns 8j + 2t and 8j + 2t + 1
+// (t = lane % 4; here tile rows, the first in the low half) at MMA row `first + lane / 4 + 8h`
+// (here a tile column), for j < J; `first` is the warp's first MMA row. Pairs (j, 0), (j, 1),
+// (j + 1, 0), (j + 1, 1) are four matrices in the MMA fragment layout, which `.trans` writes with
+// the tile's rows along MMA columns: lane l names the address of row `l % 8` of matrix `l / 8`.
+// One instruction where `stage_transposed` takes eight 2-byte stores (`tile` a shared address,
+// rows `pitch` elements apart, 16-byte aligned).
+template <int J, typename Pair>
+__device__ __forceinline__ void stage_pairs_transposed(unsigned tile, int pitch, int first, int lane, Pair pair) {
+    static_assert(J % 2 == 0, "pairs of column groups");
+    const int q = lane / 8, i = lane % 8;
+    #pragma unroll
+    for (int j = 0; j < J; j += 2) {
+        unsigned v[4];
+        #pragma unroll
+        for (int m = 0; m < 4; ++m) v[m] = pair(j + m / 2, m % 2);
+        const unsigned address = tile + ((8 * (j + q / 2) + i) * pitch + first + 8 * (q % 2)) * 2;
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(address), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3]) : "memory");
+    }
+}
+#endif
 
 // Copies rows `row0 …` and columns `col0 …` of a dense `[rows, width]` output from a tile of ROWS
 // × COLS elements staged in shared memory (rows `pitch` elements apart), clipped to the output:

@@ -81,32 +81,27 @@ __device__ __forceinline__ float quotient(int a, float d) {
     return (float)fma(fma(-dd, q, aa), r, q);
 }
 
-// `a / (sx · sw)` as the f32 division rounds it, then rounded to out_t. For f16 and bf16 outputs,
-// `a · (rx · rw)` with the reciprocals `rx = 1 / sx`, `rw = 1 / sw` (each rounded once) lies within
-// 6 f32 steps of that quotient: five roundings of relative error 2^-24 each (the scale product's in
-// the quotient included) and the quotient's own half step. Where the f32 values 8 steps either
-// side of it round to the same out_t, so does the quotient (rounding is monotonic), and that is
-// the output: two multiplies and one paired conversion, where `quotient` takes f64 conversions
-// and a reciprocal on the slow units. Otherwise (an out_t rounding boundary within reach, a
-// reciprocal product below the normal range, values not finite) and for f32 outputs, `quotient`
-// divides. (With random data one element in about 4000 (bf16) or 500 (f16) divides.)
-__device__ __forceinline__ out_t scaled(int a, float sx, float sw, float rx, float rw) {
 #if KILN_OUT_KIND != 0
-    const float p = rx * rw;
+// `a / (sx · sw)` as the f32 division rounds it, then rounded to the 16-bit out_t, from
+// `p = rx · rw`, the product of the scales' reciprocals (each rounded once), where that settles
+// it: `a · p` lies within 6 f32 steps of the quotient (five roundings of relative error 2^-24
+// each, the scale product's in the quotient included, and the quotient's own half step), so
+// where the f32 values 8 steps either side of it round to the same out_t, so does the quotient
+// (rounding is monotonic). Two multiplies and one paired conversion, where `quotient` takes f64
+// conversions and a reciprocal on the slow units. Returns false (the caller divides) where an
+// out_t rounding boundary is within reach, `p` is below the normal range, or values are not
+// finite: with random data about one element in 4000 (bf16) or 500 (f16). f32 outputs divide.
+__device__ __forceinline__ bool scaled_fast(int a, float p, u32& out) {
     const u32 bits = __float_as_uint((float)a * p);
-    u32 ends;  // the out_t of the f32 8 steps above (high half) and below (low half)
-#if KILN_OUT_KIND == 1
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(ends) : "f"(__uint_as_float(bits + 8)), "f"(__uint_as_float(bits - 8)));
-#else
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(ends) : "f"(__uint_as_float(bits + 8)), "f"(__uint_as_float(bits - 8)));
-#endif
-    if (p >= 1.17549435e-38f && (ends >> 16) == (ends & 0xffffu)) return (out_t)(ends & 0xffffu);
-#endif
-    return kiln_out(quotient(a, sx * sw));
+    // the out_t of the f32 8 steps below (low half) and above (high half)
+    const u32 ends = kiln_out2(__uint_as_float(bits - 8), __uint_as_float(bits + 8));
+    out = ends & 0xffffu;
+    return p >= 1.17549435e-38f && (ends >> 16) == out;
 }
+#endif
 
 // The tile's activation scales and code sums and its weight rows' scales, with the scales'
-// reciprocals (for `scaled`), read from global memory while the main loop runs: the epilogue then
+// reciprocals (for `scaled_fast`), read from global memory while the main loop runs: the epilogue then
 // waits on shared memory, not on 192 global loads a thread behind its divisions (2048 × 28672 ×
 // 8192: 0.96 → 0.92 ms).
 struct Scales {
@@ -136,9 +131,10 @@ __device__ __forceinline__ u32 stage_at(u32 base, int kb) { return base + (kb % 
 // The mbarrier on which stage `s`'s activation copy lands (after the scales).
 __device__ __forceinline__ u32 landed_at(u32 base, int s) { return base + STAGES * STAGE_BYTES + 2 * (THREADS / 128) * CODE_TILE + SCALES_BYTES + 8 * s; }
 
-// Stages the cube's block `kb` (block `kb0 + kb` of k): TOKS activation rows of BK bytes (one bulk copy by thread 0; rows past
-// `m` are not copied: whatever the stage held there only reaches outputs that are never stored)
-// and FEATS weight rows of BK / 4 bytes (plain), zeros past `n` or the padded row.
+// Stages the cube's block `kb` (block `kb0 + kb` of k): TOKS activation rows of BK bytes (one
+// bulk copy by thread 0; rows past `m` are not copied: whatever the stage held there only reaches
+// outputs that are never stored) and FEATS weight rows of BK / 4 bytes (plain), zeros past `n` or
+// the padded row.
 __device__ __forceinline__ void load_block(u32 base, const unsigned char* acts, const unsigned char* w, const GemmParams& p, u32 tok0, u32 f0, int kb0, int kb) {
     const u32 stage = stage_at(base, kb), w_row = p.row_words * 4;
     if (threadIdx.x == 0) {
@@ -238,6 +234,31 @@ __device__ __forceinline__ bool gather_splits(int (&acc)[128], u32 base, int ran
 }
 #endif
 
+#if KILN_OUT_KIND != 0
+// Stages a thread's sums, scaled, into the output tile `[TOKS][OUT_PITCH]` (`tile`, a shared
+// address) by `stage_pairs_transposed`: tokens `8j + 2t` and `+1` of weight row `row + 8h` make a
+// packed pair, each token's scale and code sum read once for both rows. A pair with an element
+// that `scaled_fast` cannot settle divides (both elements). The `stmatrix` stores and the shared
+// reads made the GEMM 8–19% faster than eight 2-byte stores a pair of matrices' worth
+// (`benches/RESULTS.md`, thirty-sixth session).
+__device__ __forceinline__ void stage_scaled(const int (&acc)[128], u32 tile, const Scales* scales, int wg, int warp, int lane) {
+    const int t = lane % 4, row = wg * 64 + warp * 16 + lane / 4;
+    const float rw[2] = {scales->rw[row], scales->rw[row + 8]};
+    stage_pairs_transposed<TOKS / 8>(tile, OUT_PITCH, wg * 64 + warp * 16, lane, [&](int j, int h) {
+        const int tok = 8 * j + 2 * t;
+        const int a0 = acc[4 * j + 2 * h] - scales->sum[tok], a1 = acc[4 * j + 2 * h + 1] - scales->sum[tok + 1];
+        u32 lo, hi;
+        const bool ok = scaled_fast(a0, scales->rx[tok] * rw[h], lo) & scaled_fast(a1, scales->rx[tok + 1] * rw[h], hi);
+        if (!ok) {
+            const float sw = scales->w[row + 8 * h];
+            lo = kiln_out(quotient(a0, scales->x[tok] * sw));
+            hi = kiln_out(quotient(a1, scales->x[tok + 1] * sw));
+        }
+        return lo | (hi << 16);
+    });
+}
+#endif
+
 // acts tiled int8 codes (`[blocks][m][128]`, above); x_scales, x_sums `[m]` f32 (the sums are integers);
 // w `[n, row_words]` packed words; w_scales one f32 per `group` rows; out dense `[m, n]`.
 // SPLITS cubes per (activation tile, weight tile), THREADS threads, KILN_SHARED_BYTES of shared memory.
@@ -259,8 +280,8 @@ extern "C" __global__ void CLUSTER __launch_bounds__(THREADS, 1) kiln_ternary_ge
         barrier_init_fence();
     }
     __syncthreads();
-    // This cube's share of k's blocks: [kb0, kb0 + blocks), at least one block a cube (the
-    // launch splits only rows of more than SPLITS blocks).
+    // This cube's share of k's blocks: [kb0, kb0 + blocks), 8 or more where k is split
+    // (`wgmma::splits`).
     const int all = (p.row_words * 16 + BK - 1) / BK, rank = blockIdx.x % SPLITS;
     const int kb0 = all * rank / SPLITS, blocks = all * (rank + 1) / SPLITS - kb0;
     #pragma unroll
@@ -270,8 +291,6 @@ extern "C" __global__ void CLUSTER __launch_bounds__(THREADS, 1) kiln_ternary_ge
     }
 
     const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32, wg = threadIdx.x / 128;
-    const int t = lane % 4;
-    const int row = wg * 64 + warp * 16 + lane / 4;  // this thread's first output row in the tile; the second is + 8
     const u32 first = base + STAGES * STAGE_BYTES + wg * 2 * CODE_TILE, codes[2] = {first, first + CODE_TILE};
     Scales* scales = reinterpret_cast<Scales*>(shared_raw + (base - shared_address(shared_raw)) + STAGES * STAGE_BYTES + 2 * (THREADS / 128) * CODE_TILE);
     load_scales(scales, x_scales, x_sums, w_scales, p, tok0, f0);
@@ -293,10 +312,14 @@ extern "C" __global__ void CLUSTER __launch_bounds__(THREADS, 1) kiln_ternary_ge
     // Scale into the output tile `[TOKS][OUT_PITCH]` in shared memory: acc[4j + 2h + e] is token
     // 8j + 2t + e, weight row `row + 8h`.
     out_t* tile = reinterpret_cast<out_t*>(shared_raw + (base - shared_address(shared_raw)));
-    stage_transposed<TOKS / 8>(tile, OUT_PITCH, row, t, [&](int i, int tok, int h) {
-        const int f = row + 8 * h;
-        return scaled(acc[i] - scales->sum[tok], scales->x[tok], scales->w[f], scales->rx[tok], scales->rw[f]);
+#if KILN_OUT_KIND == 0
+    const int row = wg * 64 + warp * 16 + lane / 4;  // this thread's first weight row in the tile; the second is + 8
+    stage_transposed<TOKS / 8>(tile, OUT_PITCH, row, lane % 4, [&](int i, int tok, int h) {
+        return quotient(acc[i] - scales->sum[tok], scales->x[tok] * scales->w[row + 8 * h]);
     });
+#else
+    stage_scaled(acc, shared_address(tile), scales, wg, warp, lane);
+#endif
     __syncthreads();
 
     store_tile<TOKS, FEATS, THREADS>(out, tile, OUT_PITCH, p.m, p.n, tok0, f0);

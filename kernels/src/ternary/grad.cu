@@ -217,8 +217,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kiln_ternary_input_grad
     }
 
     const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32, wg = threadIdx.x / 128;
-    const int t = lane % 4;
-    const int col = wg * 64 + warp * 16 + lane / 4;  // this thread's first output column in the tile; the second is + 8
     const u32 vals = base + STAGES * STAGE_BYTES + wg * VALS * VAL_TILE;
     Magnitude mag;
     copy_wait<STAGES - 3>();
@@ -238,7 +236,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kiln_ternary_input_grad
     // serializing the wgmmas: converting an accumulator register straight to 16 bits made it
     // report C7514 and wait after every MMA.)
     out_t* tile = reinterpret_cast<out_t*>(shared_raw + (base - shared_address(shared_raw)));
-    stage_transposed<TOKS / 8>(tile, OUT_PITCH, col, t, [&](int i, int, int) { return kiln_out(acc[i] + 0.f); });
+    stage_pairs_transposed<TOKS / 8>(base, OUT_PITCH, wg * 64 + warp * 16, lane, [&](int j, int h) { return kiln_out2(acc[4 * j + 2 * h] + 0.f, acc[4 * j + 2 * h + 1] + 0.f); });
     __syncthreads();
     store_tile<TOKS, COLS, THREADS>(dx, tile, OUT_PITCH, p.m, p.k, tok0, c0);
 }
