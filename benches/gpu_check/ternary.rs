@@ -131,6 +131,15 @@ fn compare(label: &str, [t, bf]: [f64; 2], flops: f64, (unit, peak_name, peak): 
     );
 }
 
+/// The prefill weights `(n, k)` and activation rows: [`PREFILL`] at 512, 2048 and 8192 rows, or
+/// as `KILN_TERNARY_PREFILL=6912x2560,..` (`n`x`k`) and `KILN_TERNARY_PREFILL_ROWS=512,2048` pick
+/// (BitNet b1.58 2B's products, say), as `benches/peers/ternary.py` takes `PREFILL`.
+fn prefill_products() -> (Vec<(usize, usize)>, Vec<usize>) {
+    let shapes = env_lists("KILN_TERNARY_PREFILL").map_or_else(|| PREFILL.to_vec(), |l| l.into_iter().filter_map(|d| if let [n, k] = d[..] { Some((n, k)) } else { None }).collect());
+    let rows = env_lists("KILN_TERNARY_PREFILL_ROWS").map_or_else(|| vec![512, 2048, 8192], |l| l.into_iter().filter_map(|d| d.first().copied()).collect());
+    (shapes, rows)
+}
+
 /// `VAR=axb,c` as lists of numbers (`x` between the numbers of an item), if set.
 fn env_lists(var: &str) -> Option<Vec<Vec<usize>>> {
     let v = std::env::var(var).ok()?;
@@ -141,10 +150,7 @@ fn env_lists(var: &str) -> Option<Vec<Vec<usize>>> {
 /// `KILN_TERNARY_WGMMA=0` the weight unpacked to int8 and cuBLASLt's i8 GEMM, then the scales)
 /// next to kiln's bf16 product (cuBLASLt), with the share of the H100's dense int8 peak.
 pub fn bench_prefill(device: &CudaDevice) {
-    // `KILN_TERNARY_PREFILL=6912x2560,..` (`n`x`k`) and `KILN_TERNARY_PREFILL_ROWS=512,2048` pick
-    // other products (BitNet b1.58 2B's, say), as `benches/peers/ternary.py` takes `PREFILL`.
-    let shapes = env_lists("KILN_TERNARY_PREFILL").map_or_else(|| PREFILL.to_vec(), |l| l.into_iter().filter_map(|d| if let [n, k] = d[..] { Some((n, k)) } else { None }).collect());
-    let rows = env_lists("KILN_TERNARY_PREFILL_ROWS").map_or_else(|| vec![512, 2048, 8192], |l| l.into_iter().filter_map(|d| d.first().copied()).collect());
+    let (shapes, rows) = prefill_products();
     for (n, k) in shapes {
         let w = weight::<B>(n, k, device);
         let dense = bf16::<B, 2>([k, n], device);
@@ -161,9 +167,10 @@ pub fn bench_prefill(device: &CudaDevice) {
 /// The prefill products once each, twice a shape and in `bench_prefill`'s order, for a profiler
 /// to time the activation kernel and the GEMM of each launch (`ncu -k regex:quantize|gemm`).
 pub fn prefill_once(device: &CudaDevice) {
-    for (n, k) in PREFILL {
+    let (shapes, rows) = prefill_products();
+    for (n, k) in shapes {
         let w = weight::<B>(n, k, device);
-        for m in [512, 2048, 8192] {
+        for &m in &rows {
             let x = bf16::<B, 2>([m, k], device);
             println!("prefill once m{m} n{n} k{k}");
             for _ in 0..2 {

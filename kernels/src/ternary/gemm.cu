@@ -101,9 +101,9 @@ __device__ __forceinline__ bool scaled_fast(int a, float p, u32& out) {
 #endif
 
 // The tile's activation scales and code sums and its weight rows' scales, with the scales'
-// reciprocals (for `scaled_fast`), read from global memory while the main loop runs: the epilogue then
-// waits on shared memory, not on 192 global loads a thread behind its divisions (2048 × 28672 ×
-// 8192: 0.96 → 0.92 ms).
+// reciprocals for 16-bit outputs (`scaled_fast`), read from global memory while the main loop
+// runs: the epilogue then waits on shared memory, not on 192 global loads a thread behind its
+// divisions (2048 × 28672 × 8192: 0.96 → 0.92 ms).
 struct Scales {
     float x[TOKS];
     int sum[TOKS];
@@ -116,12 +116,12 @@ __device__ __forceinline__ void load_scales(Scales* s, const float* x_scales, co
     static_assert(TOKS == THREADS && FEATS <= THREADS, "one token a thread");
     const u32 i = threadIdx.x, tok = tok0 + i, f = f0 + i;
     s->x[i] = tok < p.m ? x_scales[tok] : 1.f;
-    s->rx[i] = __frcp_rn(s->x[i]);
     s->sum[i] = tok < p.m ? (int)x_sums[tok] : 0;
-    if (i < FEATS) {
-        s->w[i] = f < p.n ? w_scales[f / p.group] : 1.f;
-        s->rw[i] = __frcp_rn(s->w[i]);
-    }
+    if (i < FEATS) s->w[i] = f < p.n ? w_scales[f / p.group] : 1.f;
+#if KILN_OUT_KIND != 0  // (f32 outputs divide)
+    s->rx[i] = __frcp_rn(s->x[i]);
+    if (i < FEATS) s->rw[i] = __frcp_rn(s->w[i]);
+#endif
 }
 
 // Where the cube's block `kb` (counted from its first) lands: stage `kb % STAGES`, the activation
@@ -238,9 +238,9 @@ __device__ __forceinline__ bool gather_splits(int (&acc)[128], u32 base, int ran
 // Stages a thread's sums, scaled, into the output tile `[TOKS][OUT_PITCH]` (`tile`, a shared
 // address) by `stage_pairs_transposed`: tokens `8j + 2t` and `+1` of weight row `row + 8h` make a
 // packed pair, each token's scale and code sum read once for both rows. A pair with an element
-// that `scaled_fast` cannot settle divides (both elements). The `stmatrix` stores and the shared
-// reads made the GEMM 8–19% faster than eight 2-byte stores a pair of matrices' worth
-// (`benches/RESULTS.md`, thirty-sixth session).
+// that `scaled_fast` cannot settle divides (both elements). Against `stage_transposed` (a 2-byte
+// store and the token's scale and sum read again for each element) this made the GEMM 8–19%
+// faster (`benches/RESULTS.md`, thirty-sixth session).
 __device__ __forceinline__ void stage_scaled(const int (&acc)[128], u32 tile, const Scales* scales, int wg, int warp, int lane) {
     const int t = lane % 4, row = wg * 64 + warp * 16 + lane / 4;
     const float rw[2] = {scales->rw[row], scales->rw[row + 8]};

@@ -47,7 +47,7 @@ pub fn serves(m: usize, n: usize, k: usize) -> bool {
 
 /// The shape limits of [`serves`].
 fn fits(m: usize, n: usize, k: usize) -> bool {
-    m > 0 && n > 0 && (1..=MAX_K).contains(&k) && 3 * tiles(m, n) < i32::MAX as usize
+    m > 0 && n > 0 && (1..=MAX_K).contains(&k) && MAX_SPLITS * tiles(m, n) < i32::MAX as usize
 }
 
 /// Tiles of a launch: one per (activation tile, weight tile).
@@ -57,6 +57,9 @@ fn tiles(m: usize, n: usize) -> usize {
 
 /// k blocks (`gemm.cu`'s BK = 128 codes) a cube takes at least when a tile's k is split.
 const SPLIT_MIN_BLOCKS: usize = 8;
+
+/// The most cubes that share a tile's k ([`splits`]).
+const MAX_SPLITS: usize = 3;
 
 /// Cubes (one cluster) that share each tile's k: 3 up to a quarter as many tiles as SMs, 2 up to
 /// half, else 1, and each cube [`SPLIT_MIN_BLOCKS`] or more. A launch of fewer tiles than half
@@ -68,7 +71,7 @@ const SPLIT_MIN_BLOCKS: usize = 8;
 /// (`benches/RESULTS.md`, thirty-sixth session).
 fn splits(m: usize, n: usize, k: usize, sms: usize) -> usize {
     let (tiles, most) = (tiles(m, n), weight_row_words(k).div_ceil(8) / SPLIT_MIN_BLOCKS);
-    let fit = if 4 * tiles <= sms { 3 } else if 2 * tiles <= sms { 2 } else { 1 };
+    let fit = if 4 * tiles <= sms { MAX_SPLITS } else if 2 * tiles <= sms { 2 } else { 1 };
     fit.min(most).max(1)
 }
 
