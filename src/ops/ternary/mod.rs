@@ -7,7 +7,8 @@
 //! - [`ternary_matmul`]: `x · Wᵀ` with `x` quantized per row to int8 and integer sums. Up to
 //!   [`GEMV_MAX_ROWS`] rows a GEMV reads the packed words directly (on CUDA `dp4a`, one kernel
 //!   with the activations' quantization for one row, and integer `mma.sync` for 2–8); more rows run
-//!   on cuBLASLt's int8 tensor cores on CUDA (exact i32 sums), elsewhere the codes go through
+//!   on Hopper's integer warpgroup MMA from the packed words, on other CUDA devices on cuBLASLt's
+//!   int8 tensor cores (both exact i32 sums), elsewhere the codes go through
 //!   kiln's GEMM (exact for f32 inputs; half-precision inputs round the sum to their dtype once
 //!   before the scale, as HF's `BitLinear` does). Its backward gives the input
 //!   gradient of a frozen weight, `dy · W̃` (the activation quantizer passes gradients straight
