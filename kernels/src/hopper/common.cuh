@@ -1,7 +1,8 @@
 // Hopper building blocks shared by kiln's CUDA C++ kernels on warpgroup MMA (flash attention's
 // `wgmma/`, the ternary GEMM and input gradient): shared-memory addresses, 16-byte `cp.async`
 // copies, mbarriers for bulk copies, wgmma descriptors and synchronization, and the register
-// fences that keep ptxas from moving values across an asynchronous MMA. kiln places this file
+// fences that keep ptxas from moving values across an asynchronous MMA, and the sum of a k split
+// over a thread-block cluster (`gather_splits`). kiln places this file
 // first, before a kernel's wrappers and source.
 //
 // A 128-byte-swizzled tile stores rows of 128 bytes: the 16-byte chunk `c` of row `r` sits at
@@ -84,4 +85,56 @@ template <int N>
 __device__ __forceinline__ void keep_operands(const u32 (&r)[N]) {
     #pragma unroll
     for (int i = 0; i < N; ++i) asm volatile("" ::"r"(r[i]) : "memory");
+}
+
+__device__ __forceinline__ u32 accumulator_bits(int v) { return (u32)v; }
+__device__ __forceinline__ u32 accumulator_bits(float v) { return __float_as_uint(v); }
+__device__ __forceinline__ void add_accumulator_bits(int& a, u32 bits) { a += (int)bits; }
+__device__ __forceinline__ void add_accumulator_bits(float& a, u32 bits) { a += __uint_as_float(bits); }
+
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// Adds the accumulators of the other cubes of a tile whose k is split over a thread-block cluster
+// of `splits` cubes (this one `rank`) to the first cube's, through distributed shared memory: each
+// other cube stores its 128 accumulators in its own shared memory at `scratch` (free bytes, 512
+// for each of the THREADS threads that hold accumulators), `acc[4j … 4j+3]` of accumulator thread
+// `t` at 16-byte slot `j · THREADS + t`, and the first cube's thread `t` reads the same slots of
+// each in rank order (so float sums are deterministic); the second cluster barrier keeps the
+// others' shared memory alive until it has. Threads without accumulators take part in the
+// barriers through `gather_splits_idle`. Returns whether this cube is done (not the tile's first).
+template <int THREADS, typename T>
+__device__ __forceinline__ bool gather_splits(T (&acc)[128], u32 scratch, int rank, int splits, u32 t) {
+    const u32 slot = scratch + t * 16;
+    if (rank != 0) {
+        #pragma unroll
+        for (int j = 0; j < 32; ++j)
+            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(slot + j * THREADS * 16), "r"(accumulator_bits(acc[4 * j])), "r"(accumulator_bits(acc[4 * j + 1])),
+                         "r"(accumulator_bits(acc[4 * j + 2])), "r"(accumulator_bits(acc[4 * j + 3])) : "memory");
+    }
+    cluster_sync();
+    if (rank == 0) {
+        #pragma unroll 1
+        for (int r = 1; r < splits; ++r) {
+            u32 remote;
+            asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(slot), "r"(r));
+            #pragma unroll
+            for (int j = 0; j < 32; ++j) {
+                u32 v[4];
+                asm volatile("ld.shared::cluster.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(remote + j * THREADS * 16) : "memory");
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) add_accumulator_bits(acc[4 * j + e], v[e]);
+            }
+        }
+    }
+    cluster_sync();
+    return rank != 0;
+}
+
+// `gather_splits` for a thread that holds no accumulators: its two cluster barriers.
+__device__ __forceinline__ bool gather_splits_idle(int rank) {
+    cluster_sync();
+    cluster_sync();
+    return rank != 0;
 }

@@ -196,43 +196,6 @@ __device__ __forceinline__ void tile_of(u32 cube, const GemmParams& p, u32& tok0
     f0 = (within / size) * FEATS;
 }
 
-#if SPLITS > 1
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
-// Adds the tile's other cubes' sums to the first cube's, through distributed shared memory: each
-// other cube stores its accumulators in its own (free) stages, `acc[4j … 4j+3]` of thread `t` at
-// 16-byte slot `j · THREADS + t`, and the first cube's thread `t` reads the same slots of each;
-// the second cluster barrier keeps the others' shared memory alive until it has. Returns whether
-// this cube is done (not the tile's first).
-__device__ __forceinline__ bool gather_splits(int (&acc)[128], u32 base, int rank) {
-    static_assert(128 * THREADS * 4 <= STAGES * STAGE_BYTES, "the sums fit in the stages");
-    const u32 slot = base + threadIdx.x * 16;
-    if (rank != 0) {
-        #pragma unroll
-        for (int j = 0; j < 32; ++j)
-            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(slot + j * THREADS * 16), "r"(acc[4 * j]), "r"(acc[4 * j + 1]), "r"(acc[4 * j + 2]), "r"(acc[4 * j + 3]) : "memory");
-    }
-    cluster_sync();
-    if (rank == 0) {
-        #pragma unroll 1
-        for (int r = 1; r < SPLITS; ++r) {
-            u32 remote;
-            asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(slot), "r"(r));
-            #pragma unroll
-            for (int j = 0; j < 32; ++j) {
-                int v[4];
-                asm volatile("ld.shared::cluster.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(remote + j * THREADS * 16) : "memory");
-                #pragma unroll
-                for (int e = 0; e < 4; ++e) acc[4 * j + e] += v[e];
-            }
-        }
-    }
-    cluster_sync();
-    return rank != 0;
-}
-#endif
 
 #if KILN_OUT_KIND != 0
 // Stages a thread's sums, scaled, into the output tile `[TOKS][OUT_PITCH]` (`tile`, a shared
@@ -306,7 +269,8 @@ extern "C" __global__ void CLUSTER __launch_bounds__(THREADS, 1) kiln_ternary_ge
     copy_wait<0>();
     __syncthreads();  // every warpgroup is done reading the stages: the output tile reuses them
 #if SPLITS > 1
-    if (gather_splits(acc, base, rank)) return;
+    static_assert(128 * THREADS * 4 <= STAGES * STAGE_BYTES, "the sums fit in the stages");
+    if (gather_splits<THREADS>(acc, base, rank, SPLITS, threadIdx.x)) return;
 #endif
 
     // Scale into the output tile `[TOKS][OUT_PITCH]` in shared memory: acc[4j + 2h + e] is token
