@@ -7,23 +7,28 @@
 // `[blocks][m][128]`, zeros past `k`, each row's 16-byte chunk `c` at `c ^ (row % 8)`, so a
 // tile's block of 256 rows is one contiguous run of bytes already in the 128-byte swizzle.
 //
-// The weight crosses memory at 2 bits a weight: each warpgroup expands its 64 rows of a staged
-// block into bytes in shared memory itself, one packed word into one 16-byte chunk (the packing
-// puts elements `4j … 4j+3` of a word at bytes 0..3 of `word >> 2j`, so a chunk is four shifts
-// and masks), in the same swizzled layout as the activations, and both MMA operands come from
-// shared memory. Taking A from registers instead (each thread unpacking its `m16n8k32` fragment)
-// made ptxas serialize the wgmmas, since registers feeding the next block's MMAs were written
-// while the previous block's were in flight (`benches/RESULTS.md`, thirty-third session).
+// The weight crosses memory at 2 bits a weight and is expanded into bytes in shared memory, one
+// packed word into one 16-byte chunk (the packing puts elements `4j … 4j+3` of a word at bytes
+// 0..3 of `word >> 2j`, so a chunk is four shifts and masks), in the same swizzled layout as the
+// activations, and both MMA operands come from shared memory. Taking A from registers instead
+// (each thread unpacking its `m16n8k32` fragment) made ptxas serialize the wgmmas, since registers
+// feeding the next block's MMAs were written while the previous block's were in flight
+// (`benches/RESULTS.md`, thirty-third session).
 //
-// Work of one cube: FEATS = 128 weight rows (two warpgroups of 64) by TOKS = 256 activation rows,
-// k in blocks of 128 codes through a ring of STAGES shared-memory stages filled STAGES − 2 blocks
-// ahead: the activations by one bulk copy a block (`cp.async.bulk`, landing on the stage's
-// mbarrier), the packed weight by 16-byte `cp.async` from every thread (its rows are strided). One
-// bulk copy instead of 2048 16-byte copies made the kernel 7–9% faster (thirty-third session).
-// Each warpgroup keeps one block's MMAs in flight while it expands the next block's weights (two
-// byte tiles per warpgroup, alternating), so neither the expansion nor its barrier sits between a
-// block's copies landing and its MMAs. Cubes walk the tiles in groups of GROUP activation tiles,
-// so a group's activations stay in L2 while its weights stream past once.
+// Work of one cube: FEATS = 128 weight rows by TOKS = 256 activation rows, k in blocks of 128
+// codes, and three warpgroups. The first makes the operands: one thread copies each block's
+// activations (one bulk copy, `cp.async.bulk`, onto the stage's mbarrier, through a ring of
+// STAGES stages two blocks ahead), and each thread copies one weight row's 32 packed bytes
+// (`cp.async`, through a ring W_LEAD blocks ahead) and expands that row into its MMA warpgroup's
+// byte tile. The other two (64 weight rows each) only run the MMAs. Step kb: one cube barrier
+// (named barrier 1, reached from each role's own loop: a branch on the role inside one loop makes
+// ptxas serialize the wgmmas) publishes block kb's bytes and retires block kb − 2's MMAs; the MMA
+// warpgroups wait for the activations, issue the block's four k32 MMAs and retire block kb − 1's,
+// while the first warpgroup refills the rings and expands block kb + 1 into the third of the VALS
+// byte tiles. Against two warpgroups that each copied and expanded their own rows between their
+// MMAs (and `__syncthreads` a block) this made the kernel 12–18% faster, up to 1409 TOP/s, 71%
+// of the int8 peak (thirty-seventh session). Cubes walk the tiles in groups of GROUP activation
+// tiles, so a group's activations stay in L2 while its weights stream past once.
 //
 // Split k (KILN_SPLITS = 2 or 3, where a launch has too few tiles to fill the SMs): the SPLITS
 // cubes of a tile form one thread-block cluster and each runs its share of k's blocks; the others
@@ -37,14 +42,18 @@
 #define FEATS 128
 #define TOKS 256
 #define BK 128
-#define STAGES 5
+#define STAGES 4
+#define W_STAGES 8
+#define W_LEAD 6
+#define VALS 3
 #define GROUP 8
-#define THREADS 256
+#define THREADS 384
+#define MAKERS 128
+#define MMA_THREADS 256
 #define SPLITS KILN_SPLITS
 #define ACT_TILE (TOKS * BK)
 #define W_TILE (FEATS * BK / 4)
-#define STAGE_BYTES (ACT_TILE + W_TILE)
-// A warpgroup's weight rows of one block as bytes (the MMA's A operand), two per warpgroup.
+// An MMA warpgroup's weight rows of one block as bytes (its A operand); a slot holds both.
 #define CODE_TILE (64 * BK)
 // Output tile rows in shared memory are padded by 16 bytes so that a warp's stores spread over banks.
 #define OUT_PITCH (FEATS + 16 / (int)sizeof(out_t))
@@ -53,7 +62,9 @@
 // scales, their reciprocals and the code sums (`Scales`), the stages' mbarriers, and 1 KB more to
 // align the swizzled tiles.
 #define SCALES_BYTES ((3 * TOKS + 2 * FEATS) * 4)
-#define KILN_SHARED_BYTES (STAGES * STAGE_BYTES + 2 * (THREADS / 128) * CODE_TILE + SCALES_BYTES + STAGES * 8 + 1024)
+#define KILN_SHARED_BYTES (STAGES * ACT_TILE + W_STAGES * W_TILE + VALS * 2 * CODE_TILE + SCALES_BYTES + STAGES * 8 + 1024)
+
+static_assert(TOKS * OUT_PITCH * sizeof(out_t) <= STAGES * ACT_TILE + W_STAGES * W_TILE, "the output tile fits in the stages and the weight's ring");
 
 struct GemmParams {
     u32 m;          // activation rows
@@ -112,9 +123,9 @@ struct Scales {
     float rw[FEATS];
 };
 
-__device__ __forceinline__ void load_scales(Scales* s, const float* x_scales, const float* x_sums, const float* w_scales, const GemmParams& p, u32 tok0, u32 f0) {
-    static_assert(TOKS == THREADS && FEATS <= THREADS, "one token a thread");
-    const u32 i = threadIdx.x, tok = tok0 + i, f = f0 + i;
+__device__ __forceinline__ void load_scales(Scales* s, const float* x_scales, const float* x_sums, const float* w_scales, const GemmParams& p, u32 tok0, u32 f0, u32 i) {
+    static_assert(TOKS == MMA_THREADS && FEATS <= MMA_THREADS, "one token an MMA thread");
+    const u32 tok = tok0 + i, f = f0 + i;
     s->x[i] = tok < p.m ? x_scales[tok] : 1.f;
     s->sum[i] = tok < p.m ? (int)x_sums[tok] : 0;
     if (i < FEATS) s->w[i] = f < p.n ? w_scales[f / p.group] : 1.f;
@@ -124,65 +135,62 @@ __device__ __forceinline__ void load_scales(Scales* s, const float* x_scales, co
 #endif
 }
 
-// Where the cube's block `kb` (counted from its first) lands: stage `kb % STAGES`, the activation
-// tile first, then the weight's.
-__device__ __forceinline__ u32 stage_at(u32 base, int kb) { return base + (kb % STAGES) * STAGE_BYTES; }
+// Where the activation tile of the cube's block `kb` (counted from its first) lands: stage
+// `kb % STAGES`.
+__device__ __forceinline__ u32 stage_at(u32 base, int kb) { return base + (kb % STAGES) * ACT_TILE; }
 
-// The mbarrier on which stage `s`'s activation copy lands (after the scales).
-__device__ __forceinline__ u32 landed_at(u32 base, int s) { return base + STAGES * STAGE_BYTES + 2 * (THREADS / 128) * CODE_TILE + SCALES_BYTES + 8 * s; }
+// Where block `kb`'s packed weight rows land: slot `kb % W_STAGES` of the weight's ring, right after
+// the stages (so that an f32 output tile can span both).
+__device__ __forceinline__ u32 weights_at(u32 base, int kb) { return base + STAGES * ACT_TILE + (kb % W_STAGES) * W_TILE; }
 
-// Stages the cube's block `kb` (block `kb0 + kb` of k): TOKS activation rows of BK bytes (one
-// bulk copy by thread 0; rows past `m` are not copied: whatever the stage held there only reaches
-// outputs that are never stored) and FEATS weight rows of BK / 4 bytes (plain), zeros past `n` or
-// the padded row.
-__device__ __forceinline__ void load_block(u32 base, const unsigned char* acts, const unsigned char* w, const GemmParams& p, u32 tok0, u32 f0, int kb0, int kb) {
-    const u32 stage = stage_at(base, kb), w_row = p.row_words * 4;
-    if (threadIdx.x == 0) {
-        const u32 bytes = min((u32)TOKS, p.m - tok0) * BK, landed = landed_at(base, kb % STAGES);
-        barrier_expect(landed, bytes);
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(stage), "l"(acts + ((u64)(kb0 + kb) * p.m + tok0) * BK),
-                     "r"(bytes), "r"(landed) : "memory");
-    }
-    static_assert(FEATS * (BK / 64) == THREADS, "one weight chunk a thread");
-    const u32 r = threadIdx.x / 2, off = (kb0 + kb) * (BK / 4) + (threadIdx.x % 2) * 16;
-    const bool ok = f0 + r < p.n && off < w_row;
-    copy16(stage + ACT_TILE + r * (BK / 4) + (threadIdx.x % 2) * 16, ok ? w + (u64)(f0 + r) * w_row + off : w, ok ? 16 : 0);
+// The byte tiles of block `kb`: slot `kb % VALS`, after the weight's ring; MMA warpgroup `c`'s rows
+// at `+ c · CODE_TILE`.
+__device__ __forceinline__ u32 codes_at(u32 base, int kb) { return base + STAGES * ACT_TILE + W_STAGES * W_TILE + (kb % VALS) * 2 * CODE_TILE; }
+
+// The tile's scales (`Scales`), after the byte tiles.
+__device__ __forceinline__ u32 scales_at(u32 base) { return base + STAGES * ACT_TILE + W_STAGES * W_TILE + VALS * 2 * CODE_TILE; }
+
+// The mbarrier on which stage `s`'s activation copy lands, after the scales.
+__device__ __forceinline__ u32 landed_at(u32 base, int s) { return scales_at(base) + SCALES_BYTES + 8 * s; }
+
+// Stages the activations of the cube's block `kb` (block `kb0 + kb` of k): TOKS rows of BK bytes,
+// one bulk copy (rows past `m` are not copied: whatever the stage held there only reaches outputs
+// that are never stored).
+__device__ __forceinline__ void load_acts(u32 base, const unsigned char* acts, const GemmParams& p, u32 tok0, int kb0, int kb) {
+    const u32 bytes = min((u32)TOKS, p.m - tok0) * BK, landed = landed_at(base, kb % STAGES);
+    barrier_expect(landed, bytes);
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(stage_at(base, kb)), "l"(acts + ((u64)(kb0 + kb) * p.m + tok0) * BK),
+                 "r"(bytes), "r"(landed) : "memory");
 }
 
-// Expands this warpgroup's 64 weight rows of a staged block (`w_tile`, 32 bytes a row) into the
-// swizzled byte tile `codes`: thread `i` of the warpgroup takes words `4 (i % 2) …` of row `i / 2`,
-// one 16-byte load and four 16-byte stores (both conflict-free across each quarter warp).
-__device__ __forceinline__ void expand(u32 codes, u32 w_tile, int i) {
-    const u32 r = i / 2, h = i % 2;
-    u32 word[4];
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(word[0]), "=r"(word[1]), "=r"(word[2]), "=r"(word[3]) : "r"(w_tile + r * 32 + h * 16));
-    #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-        const u32 w = word[q], c = 4 * h + q, m = 0x03030303u;
-        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(codes + r * 128 + ((c ^ (r % 8)) << 4)), "r"(w & m), "r"((w >> 2) & m), "r"((w >> 4) & m), "r"((w >> 6) & m));
-    }
+// Stages making thread `t`'s weight row of block `kb`: BK / 4 packed bytes (two 16-byte
+// `cp.async`), zeros past `n` or the padded row. The same thread expands it, so its own `cp.async`
+// wait suffices.
+__device__ __forceinline__ void load_weights(u32 base, const unsigned char* w, const GemmParams& p, u32 f0, int kb0, int kb, u32 t) {
+    static_assert(FEATS == MAKERS && BK / 4 == 32, "one 32-byte weight row a making thread");
+    const u32 slot = weights_at(base, kb) + t * 32, w_row = p.row_words * 4, off = (kb0 + kb) * (BK / 4);
+    const bool ok = f0 + t < p.n && off < w_row;
+    const unsigned char* src = ok ? w + (u64)(f0 + t) * w_row + off : w;
+    copy16(slot, src, ok ? 16 : 0);
+    copy16(slot + 16, src + 16, ok ? 16 : 0);
 }
 
-// One block of the main loop. Entering it, this block's weights are bytes in `codes[kb % 2]`
-// (expanded by the step before); the step waits for block kb + 1's weight copies and block kb's
-// activations, refills the stage freed two blocks ago, issues this block's four k32 MMAs, retires
-// the previous block's, and expands block kb + 1's weights into the byte tile that block's MMAs
-// read, while this block's run.
-__device__ __forceinline__ void step(int (&acc)[128], const u32 (&codes)[2], u32 base, int kb0, int kb, int blocks, int wg, const unsigned char* acts,
-                                     const unsigned char* w, const GemmParams& p, u32 tok0, u32 f0) {
-    copy_wait<STAGES - 4>();
-    async_proxy_fence();  // this thread's expanded bytes and copies, before the barrier shows them to wgmma
-    __syncthreads();
-    barrier_wait(landed_at(base, kb % STAGES), (kb / STAGES) & 1);
-    if (kb + STAGES - 2 < blocks) load_block(base, acts, w, p, tok0, f0, kb0, kb + STAGES - 2);
-    copy_commit();
-    const u32 stage = stage_at(base, kb), a = codes[kb % 2];
-    wgmma_fence();
+// Expands making thread `t`'s weight row of staged block `kb` into its MMA warpgroup's byte tile
+// (swizzled like the activations): two 16-byte loads and eight 16-byte stores, one packed word
+// into one 16-byte chunk (the packing puts elements `4j … 4j+3` of a word at bytes 0..3 of
+// `word >> 2j`, so a chunk is four shifts and masks).
+__device__ __forceinline__ void expand(u32 base, int kb, u32 t) {
+    const u32 r = t % 64, codes = codes_at(base, kb) + (t / 64) * CODE_TILE + r * 128, src = weights_at(base, kb) + t * 32;
     #pragma unroll
-    for (int s = 0; s < BK / 32; ++s) wgmma_ss_u8s8_n256(acc, descriptor(a + s * 32, 16, 1024), descriptor(stage + s * 32, 16, 1024));
-    wgmma_commit();
-    wgmma_wait<1>();
-    if (kb + 1 < blocks) expand(codes[(kb + 1) % 2], stage_at(base, kb + 1) + ACT_TILE + wg * 64 * (BK / 4), threadIdx.x % 128);
+    for (int h = 0; h < 2; ++h) {
+        u32 word[4];
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(word[0]), "=r"(word[1]), "=r"(word[2]), "=r"(word[3]) : "r"(src + h * 16));
+        #pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const u32 w = word[q], c = 4 * h + q, m = 0x03030303u;
+            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(codes + ((c ^ (r % 8)) << 4)), "r"(w & m), "r"((w >> 2) & m), "r"((w >> 4) & m), "r"((w >> 6) & m));
+        }
+    }
 }
 
 // The tile of cube `cube / SPLITS`: groups of GROUP activation tiles, weight tiles in order within
@@ -238,53 +246,80 @@ extern "C" __global__ void CLUSTER __launch_bounds__(THREADS, 1) kiln_ternary_ge
     const u32 base = (shared_address(shared_raw) + 1023) & ~1023u;
     u32 tok0, f0;
     tile_of(blockIdx.x, p, tok0, f0);
+    // This cube's share of k's blocks: [kb0, kb0 + blocks), 8 or more where k is split
+    // (`wgmma::splits`).
+    const int all = (p.row_words * 16 + BK - 1) / BK, rank = blockIdx.x % SPLITS;
+    const int kb0 = all * rank / SPLITS, blocks = all * (rank + 1) / SPLITS - kb0;
+    // The warpgroup, taken from lane 0 so that the compiler sees it uniform across a warp.
+    const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) barrier_init(landed_at(base, s));
         barrier_init_fence();
     }
     __syncthreads();
-    // This cube's share of k's blocks: [kb0, kb0 + blocks), 8 or more where k is split
-    // (`wgmma::splits`).
-    const int all = (p.row_words * 16 + BK - 1) / BK, rank = blockIdx.x % SPLITS;
-    const int kb0 = all * rank / SPLITS, blocks = all * (rank + 1) / SPLITS - kb0;
-    #pragma unroll
-    for (int kb = 0; kb < STAGES - 2; ++kb) {
-        if (kb < blocks) load_block(base, acts, w, p, tok0, f0, kb0, kb);
-        copy_commit();
-    }
-
-    const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32, wg = threadIdx.x / 128;
-    const u32 first = base + STAGES * STAGE_BYTES + wg * 2 * CODE_TILE, codes[2] = {first, first + CODE_TILE};
-    Scales* scales = reinterpret_cast<Scales*>(shared_raw + (base - shared_address(shared_raw)) + STAGES * STAGE_BYTES + 2 * (THREADS / 128) * CODE_TILE);
-    load_scales(scales, x_scales, x_sums, w_scales, p, tok0, f0);
-    copy_wait<STAGES - 3>();
-    __syncthreads();
-    expand(codes[0], base + ACT_TILE + wg * 64 * (BK / 4), threadIdx.x % 128);
-    int acc[128];
-    #pragma unroll
-    for (int i = 0; i < 128; ++i) acc[i] = 0;
-    for (int kb = 0; kb < blocks; ++kb) step(acc, codes, base, kb0, kb, blocks, wg, acts, w, p, tok0, f0);
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-    copy_wait<0>();
-    __syncthreads();  // every warpgroup is done reading the stages: the output tile reuses them
-#if SPLITS > 1
-    static_assert(128 * THREADS * 4 <= STAGES * STAGE_BYTES, "the sums fit in the stages");
-    if (gather_splits<THREADS>(acc, base, rank, SPLITS, threadIdx.x)) return;
-#endif
-
-    // Scale into the output tile `[TOKS][OUT_PITCH]` in shared memory: acc[4j + 2h + e] is token
-    // 8j + 2t + e, weight row `row + 8h`.
+    Scales* scales = reinterpret_cast<Scales*>(shared_raw + (scales_at(base) - shared_address(shared_raw)));
     out_t* tile = reinterpret_cast<out_t*>(shared_raw + (base - shared_address(shared_raw)));
-#if KILN_OUT_KIND == 0
-    const int row = wg * 64 + warp * 16 + lane / 4;  // this thread's first weight row in the tile; the second is + 8
-    stage_transposed<TOKS / 8>(tile, OUT_PITCH, row, lane % 4, [&](int i, int tok, int h) {
-        return quotient(acc[i] - scales->sum[tok], scales->x[tok] * scales->w[row + 8 * h]);
-    });
-#else
-    stage_scaled(acc, shared_address(tile), scales, wg, warp, lane);
+    if (wg == 0) {
+        const u32 t = threadIdx.x;
+        #pragma unroll
+        for (int kb = 0; kb < STAGES - 2; ++kb)
+            if (t == 0 && kb < blocks) load_acts(base, acts, p, tok0, kb0, kb);
+        #pragma unroll
+        for (int kb = 0; kb < W_LEAD; ++kb) {
+            if (kb < blocks) load_weights(base, w, p, f0, kb0, kb, t);
+            copy_commit();
+        }
+        copy_wait<W_LEAD - 1>();
+        expand(base, 0, t);
+        for (int kb = 0; kb < blocks; ++kb) {
+            async_proxy_fence();  // the expanded bytes, before the barrier shows them to wgmma
+            asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");
+            if (t == 0 && kb + STAGES - 2 < blocks) load_acts(base, acts, p, tok0, kb0, kb + STAGES - 2);
+            if (kb + W_LEAD < blocks) load_weights(base, w, p, f0, kb0, kb + W_LEAD, t);
+            copy_commit();
+            copy_wait<W_LEAD - 1>();
+            if (kb + 1 < blocks) expand(base, kb + 1, t);
+        }
+        copy_wait<0>();
+        asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");  // the stages are free
+#if SPLITS > 1
+        if (gather_splits_idle(rank)) return;
 #endif
-    __syncthreads();
-
+        asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");  // the output tile is staged
+    } else {
+        const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32, c = wg - 1;
+        load_scales(scales, x_scales, x_sums, w_scales, p, tok0, f0, threadIdx.x - MAKERS);
+        int acc[128];
+        #pragma unroll
+        for (int i = 0; i < 128; ++i) acc[i] = 0;
+        for (int kb = 0; kb < blocks; ++kb) {
+            asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");
+            barrier_wait(landed_at(base, kb % STAGES), (kb / STAGES) & 1);
+            const u32 stage = stage_at(base, kb), a = codes_at(base, kb) + c * CODE_TILE;
+            wgmma_fence();
+            #pragma unroll
+            for (int s = 0; s < BK / 32; ++s) wgmma_ss_u8s8_n256(acc, descriptor(a + s * 32, 16, 1024), descriptor(stage + s * 32, 16, 1024));
+            wgmma_commit();
+            wgmma_wait<1>();
+        }
+        wgmma_wait<0>();
+        fence_accumulators(acc);
+        asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");  // the stages are free: the split sums and the output tile reuse them
+#if SPLITS > 1
+        static_assert(128 * MMA_THREADS * 4 <= STAGES * ACT_TILE + W_STAGES * W_TILE, "the sums fit in the stages");
+        if (gather_splits<MMA_THREADS>(acc, base, rank, SPLITS, threadIdx.x - MAKERS)) return;
+#endif
+        // Scale into the output tile `[TOKS][OUT_PITCH]` in shared memory: acc[4j + 2h + e] is
+        // token 8j + 2t + e, weight row `row + 8h`.
+#if KILN_OUT_KIND == 0
+        const int row = c * 64 + warp * 16 + lane / 4;  // this thread's first weight row in the tile; the second is + 8
+        stage_transposed<TOKS / 8>(tile, OUT_PITCH, row, lane % 4, [&](int i, int tok, int h) {
+            return quotient(acc[i] - scales->sum[tok], scales->x[tok] * scales->w[row + 8 * h]);
+        });
+#else
+        stage_scaled(acc, shared_address(tile), scales, c, warp, lane);
+#endif
+        asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");
+    }
     store_tile<TOKS, FEATS, THREADS>(out, tile, OUT_PITCH, p.m, p.n, tok0, f0);
 }

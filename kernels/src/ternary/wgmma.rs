@@ -22,15 +22,17 @@ const FINGERPRINT: u64 = fingerprint(&[COMMON, WGMMA_INT, OUT_ELEMENT, SOURCE]);
 const GRAD_SOURCE: &str = include_str!("grad.cu");
 const GRAD_FINGERPRINT: u64 = fingerprint(&[COMMON, WGMMA, OUT_ELEMENT, GRAD_SOURCE]);
 
-/// `gemm.cu`'s tile (`FEATS` weight rows by `TOKS` activation rows) and threads per cube.
+/// `gemm.cu`'s tile (`FEATS` weight rows by `TOKS` activation rows) and threads per cube (a
+/// warpgroup making the operands, two running the MMAs).
 const FEATS: usize = 128;
 const TOKS: usize = 256;
-const THREADS: u32 = 256;
+const THREADS: u32 = 384;
 
-/// `gemm.cu`'s `KILN_SHARED_BYTES`: five stages of a `[256, 128]` activation block and its
-/// `[128, 32]` packed weight bytes, two `[64, 128]` byte tiles per warpgroup, the tile's scales,
-/// their reciprocals and code sums, the stages' mbarriers, and 1 KB to align the swizzled tiles.
-const SHARED_BYTES: usize = 5 * (TOKS * 128 + FEATS * 32) + 2 * 2 * 64 * 128 + (3 * TOKS + 2 * FEATS) * 4 + 5 * 8 + 1024;
+/// `gemm.cu`'s `KILN_SHARED_BYTES`: four stages of a `[256, 128]` activation block, eight slots of
+/// a block's `[128, 32]` packed weight bytes, three slots of two `[64, 128]` byte tiles, the tile's
+/// scales, their reciprocals and code sums, the stages' mbarriers, and 1 KB to align the swizzled
+/// tiles.
+const SHARED_BYTES: usize = 4 * TOKS * 128 + 8 * FEATS * 32 + 3 * 2 * 64 * 128 + (3 * TOKS + 2 * FEATS) * 4 + 4 * 8 + 1024;
 
 fn source(params: &[u32]) -> String {
     let [out, splits] = params else { unreachable!("two gemm parameters") };
@@ -95,16 +97,18 @@ pub fn launch_gemm(client: &ComputeClient<CudaRuntime>, out_kind: FloatKind, m: 
     kernel.launch(client, CubeCount::Static((tiles(m, n) * splits) as u32, 1, 1), buffers, &params);
 }
 
-/// `grad.cu`'s tile (`COLS` weight columns by `tokens` gradient rows) and its dy box (`tokens`
-/// rows by `BN` columns).
+/// `grad.cu`'s tile (`COLS` weight columns by `tokens` gradient rows), its dy box (`tokens` rows
+/// by `BN` columns) and threads per cube (a warpgroup making the operands, two running the MMAs).
 const GRAD_COLS: usize = 128;
 const GRAD_BN: usize = 64;
+const GRAD_THREADS: u32 = 384;
 
 /// `grad.cu`'s `KILN_SHARED_BYTES` for cubes of `tokens` gradient rows: four stages of a
-/// `[tokens, 64]` dy block and its `[64, 32]` packed weight bytes, three `[64, 64]` value tiles per
-/// warpgroup, four stages of 64 row scales, the stages' mbarriers, and 1 KB to align the tiles.
+/// `[tokens, 64]` dy block, three slots of two `[64, 64]` value tiles, eight slots of a block's
+/// `[64, 32]` packed weight bytes and the making threads' 128 scales, the stages' mbarriers, and
+/// 1 KB to align the tiles.
 const fn grad_shared_bytes(tokens: usize) -> usize {
-    4 * (tokens * GRAD_BN * 2 + GRAD_BN * 32) + 3 * 2 * GRAD_BN * 64 * 2 + 4 * GRAD_BN * 4 + 4 * 8 + 1024
+    4 * tokens * GRAD_BN * 2 + 3 * 2 * GRAD_BN * 64 * 2 + 8 * (GRAD_BN * 32 + 128 * 4) + 4 * 8 + 1024
 }
 
 /// Gradient rows a cube takes: 256, or 128 where even twice the 256-row cubes fit on the SMs at
@@ -164,7 +168,7 @@ pub fn launch_input_grad(client: &ComputeClient<CudaRuntime>, kind: FloatKind, m
     let kernel = CudaSourceKernel {
         entry: "kiln_ternary_input_grad",
         key: (GRAD_FINGERPRINT, vec![kind as u32, tokens as u32]),
-        cube_dim: CubeDim::new_1d(THREADS),
+        cube_dim: CubeDim::new_1d(GRAD_THREADS),
         shared_bytes: grad_shared_bytes(tokens),
         source: grad_source,
     };
