@@ -120,11 +120,14 @@ fn act_code(x: f32, s: f32) -> f32 {
     round_clamp(x * s, -128.0, 127.0)
 }
 
-/// One cube per activation row: its scale, its int8 codes packed four a word, and the row's
-/// code sum (f32, exact below [`MAX_K`]) for the CUDA kernels' `w + 1` codes. Each unit takes
-/// quads of words (16 codes, one 16-byte store), reading the row `N` values a load (`N` divides
-/// `k`, `per_quad = 16 / N` loads a quad; `W` is 4, a quad). `tiled` writes the quads as
-/// [`ActCodes::Tiled`] lays them out (`rows` rows in all).
+/// One layout row per activation row: its scale, its int8 codes packed four a word, and the
+/// row's code sum (f32, exact below [`MAX_K`]) for the CUDA kernels' `w + 1` codes. Each unit
+/// holds quads `i · units_per_row + UNIT_POS_X` of the row (16 codes each: `per_quad` loads of `N`
+/// values, `layout.vectors_per_unit` quads) in registers, so the row is read from memory once:
+/// the scale from their maximum, then the codes, one 16-byte store a quad (`W` is 4, a quad).
+/// Reading the row twice with a whole cube per row held 512 × 4096 rows at 7–12 µs and 8192 ×
+/// 4096 at ~130 µs on the H100, ~0.75 TB/s (`benches/RESULTS.md`, thirty-seventh session).
+/// `tiled` writes the quads as [`ActCodes::Tiled`] lays them out (`rows` rows in all).
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn quantize_acts_packed_kernel<F: Float, N: Size, W: Size>(
@@ -141,18 +144,41 @@ fn quantize_acts_packed_kernel<F: Float, N: Size, W: Size>(
     #[define(F)] _dtype: StorageType,
 ) {
     let row = row_index(layout);
+    let valid = row < rows;
     let vectors = k / N::value();
     let base = row * vectors;
-    let s = act_row_scale(x, base, vectors, layout);
-    let mut sum = 0.0f32;
-    let mut q = UNIT_POS_X as usize;
-    while q < row_quads {
-        let mut quad = Vector::<u32, W>::new(0u32);
+    let mut held = Array::<Vector<F, N>>::new(comptime!(layout.vectors_per_unit * per_quad));
+    let mut local = 0.0f32;
+    #[unroll]
+    for i in 0..layout.vectors_per_unit {
+        let q = i * layout.units_per_row + UNIT_POS_X as usize;
         #[unroll]
         for vi in 0..per_quad {
             let v = q * per_quad + vi;
-            if v < vectors {
-                let values = Vector::<f32, N>::cast_from(x[base + v]);
+            let mut value = Vector::<F, N>::cast_from(Vector::<f32, N>::new(0.0));
+            if valid && v < vectors {
+                value = x[base + v];
+            }
+            held[i * per_quad + vi] = value;
+            let values = Vector::<f32, N>::cast_from(value);
+            #[unroll]
+            for e in 0..N::value() {
+                // `a > local` skips a NaN (whose code is 0 anyway).
+                let a = values[e].abs();
+                local = select(a > local, a, local);
+            }
+        }
+    }
+    let s = 127.0f32 / row_max(local, layout).max(1e-5f32);
+    let mut sum = 0.0f32;
+    #[unroll]
+    for i in 0..layout.vectors_per_unit {
+        let q = i * layout.units_per_row + UNIT_POS_X as usize;
+        if valid && q < row_quads {
+            let mut quad = Vector::<u32, W>::new(0u32);
+            #[unroll]
+            for vi in 0..per_quad {
+                let values = Vector::<f32, N>::cast_from(held[i * per_quad + vi]);
                 #[unroll]
                 for e in 0..N::value() {
                     let c = act_code(values[e], s);
@@ -161,17 +187,16 @@ fn quantize_acts_packed_kernel<F: Float, N: Size, W: Size>(
                     quad[at / 4] |= (u32::cast_from(i32::cast_from(c)) & 0xff) << ((8 * (at % 4)) as u32);
                 }
             }
+            let mut index = row * row_quads + q;
+            if tiled {
+                // 8 quads (128 codes) a block, blocks outermost; quad c of a block at c ^ (row % 8).
+                index = ((q / 8) * rows + row) * 8 + ((q % 8) ^ (row % 8));
+            }
+            words[index] = quad;
         }
-        let mut index = row * row_quads + q;
-        if tiled {
-            // 8 quads (128 codes) a block, blocks outermost; quad c of a block at c ^ (row % 8).
-            index = ((q / 8) * rows + row) * 8 + ((q % 8) ^ (row % 8));
-        }
-        words[index] = quad;
-        q += layout.units_per_row;
     }
     let total = row_sum(sum, layout);
-    if UNIT_POS_X == 0 {
+    if valid && UNIT_POS_X == 0 {
         scales[row] = s;
         sums[row] = total;
     }
@@ -380,7 +405,8 @@ pub fn launch_quantize_weight<R: Runtime>(
     unsafe { quantize_weight_kernel::launch_unchecked::<R>(client, count, dim, weight, scales, words, k, row_words, group, total_words, dtype) }
 }
 
-/// One row per cube, up to 256 units striding over it. A single row (decoding) is one cube whose
+/// The float codes kernel's layout: one row per cube, up to 256 units striding over it. A single
+/// row (decoding) is one cube whose
 /// time is latency, not bandwidth: 5 µs on the H100 for a row of 3200 at 256 units, 6.2 µs at
 /// 1024 (`benches/RESULTS.md`, twenty-third session); on CUDA the GEMV of one row does this
 /// itself (`dp4a::launch_gemv_fused`).
@@ -388,6 +414,17 @@ fn act_layout<R: Runtime>(client: &ComputeClient<R>) -> RowLayout {
     let hardware = &client.properties().hardware;
     let max_units = (hardware.max_units_per_cube as usize).min(hardware.max_cube_dim.0 as usize).min(256);
     RowLayout { units_per_row: prev_power_of_two(max_units.max(1)), rows_per_cube: 1, vectors_per_unit: 1, plane_size: plane_size_for_reduction(client) }
+}
+
+/// Quads (16 codes) a unit of [`quantize_acts_packed_kernel`] holds in registers: 4 are eight
+/// 16-byte loads of bf16 in flight a unit, 32 registers of values.
+const ACT_QUADS_PER_UNIT: usize = 4;
+
+/// The packed activation kernel's grid, cube and layout for `m` rows of `row_quads` quads: units
+/// of a row holding [`ACT_QUADS_PER_UNIT`] quads each, rows of a cube filling ~256 units.
+fn quad_geometry<R: Runtime>(client: &ComputeClient<R>, m: usize, row_quads: usize) -> (CubeCount, CubeDim, RowLayout) {
+    let layout = RowLayout::new(client, row_quads, 16, ACT_QUADS_PER_UNIT).unwrap_or_else(|e| panic!("kiln ternary activation codes: a row of {} codes is too wide (at most {})", e.width, e.max));
+    (layout.cube_count(client, m), layout.cube_dim(), layout)
 }
 
 /// Codes of an activation row in one block of [`ActCodes::Tiled`].
@@ -411,24 +448,29 @@ pub fn launch_quantize_acts<R: Runtime>(client: &ComputeClient<R>, dtype: Storag
     if m == 0 {
         return;
     }
-    let layout = act_layout(client);
-    // One cube per row: the grid has exactly `m` cubes.
-    let (count, dim) = (CubeCount::Static(m as u32, 1, 1), layout.cube_dim());
     // Loads of up to 16 bytes; `N` divides `k`, so a row is whole vectors.
     let vector = crate::row::vector_size_for(client, k, dtype.size(), 16);
     // SAFETY: `x` is `[m, k]`, `scales` `[m]`, the codes sized as `ActCodes` documents; every
-    // index stays below `k` or the row's words within row `CUBE_POS < m`.
+    // index stays below `k` or the row's words, and rows past `m` (of the packed kernel's last
+    // cube) read and write nothing.
     unsafe {
         match codes {
             ActCodes::Packed { words, sums } => {
                 let row_quads = k.div_ceil(ROW_GRANULE) * ROW_GRANULE / 16;
+                let (count, dim, layout) = quad_geometry(client, m, row_quads);
                 quantize_acts_packed_kernel::launch_unchecked::<R>(client, count, dim, vector, 4, x, words, scales, sums, k, row_quads, m, 16 / vector, false, layout, dtype)
             }
             ActCodes::Tiled { words, sums } => {
                 let row_quads = k.div_ceil(TILE_BLOCK) * TILE_BLOCK / 16;
+                let (count, dim, layout) = quad_geometry(client, m, row_quads);
                 quantize_acts_packed_kernel::launch_unchecked::<R>(client, count, dim, vector, 4, x, words, scales, sums, k, row_quads, m, 16 / vector, true, layout, dtype)
             }
-            ActCodes::Float(codes) => quantize_acts_float_kernel::launch_unchecked::<R>(client, count, dim, vector, x, codes, scales, k, layout, dtype),
+            ActCodes::Float(codes) => {
+                // One cube per row: the grid has exactly `m` cubes.
+                let layout = act_layout(client);
+                let (count, dim) = (CubeCount::Static(m as u32, 1, 1), layout.cube_dim());
+                quantize_acts_float_kernel::launch_unchecked::<R>(client, count, dim, vector, x, codes, scales, k, layout, dtype)
+            }
         }
     }
 }
