@@ -100,10 +100,6 @@ __device__ __forceinline__ u32 weights_at(u32 base, int kb) { return base + STAG
 // The mbarrier on which stage `s`'s x tile lands, after the weight's ring.
 __device__ __forceinline__ u32 landed_at(u32 base, int s) { return base + STAGES * X_TILE + VALS_BYTES + W_STAGES * W_STAGE_BYTES + 8 * s; }
 
-__device__ __forceinline__ void copy4(u32 dst, const void* src, u32 bytes) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-}
-
 // The block (scale index) of row `f`'s elements from `col` on.
 __device__ __forceinline__ u64 block_of(u32 f, u32 col, const GemmParams& p) { return ((u64)f * p.k + col) >> p.shift; }
 
@@ -191,17 +187,6 @@ __device__ __forceinline__ void expand(const Books& books, u32 base, int kb0, in
     }
 }
 
-// The tile of cube `cube / SPLITS`: groups of GROUP activation tiles, weight tiles in order within
-// a group, the group's activation tiles fastest.
-__device__ __forceinline__ void tile_of(u32 cube, const GemmParams& p, u32& tok0, u32& f0) {
-    cube /= SPLITS;
-    const u32 tok_tiles = (p.m + TOKS - 1) / TOKS, feat_tiles = (p.n + FEATS - 1) / FEATS;
-    const u32 per_group = GROUP * feat_tiles, group = cube / per_group;
-    const u32 first = group * GROUP, size = min(GROUP, tok_tiles - first), within = cube % per_group;
-    tok0 = (first + within % size) * TOKS;
-    f0 = (within / size) * FEATS;
-}
-
 // x_map: the tensor map of x (dense `[m, k]`, passed as `x` too, unread); w the packed codes;
 // code the 16-entry code book; absmax, codes, nested_code, offset the scales (`Scales`; plain
 // absmax binds it in the unread nested slots); out dense `[m, n]`. SPLITS cubes per (activation
@@ -219,7 +204,7 @@ extern "C" __global__ void CLUSTER __launch_bounds__(THREADS, 1) kiln_nf4_gemm(
     __shared__ Books books;
     const u32 base = (shared_address(shared_raw) + 1023) & ~1023u;
     u32 tok0, f0;
-    tile_of(blockIdx.x, p, tok0, f0);
+    grouped_tile<TOKS, FEATS, GROUP>(blockIdx.x / SPLITS, p.m, p.n, tok0, f0);
     // This cube's share of k's blocks: [kb0, kb0 + blocks).
     const int all = p.k / BK, rank = blockIdx.x % SPLITS;
     const int kb0 = all * rank / SPLITS, blocks = all * (rank + 1) / SPLITS - kb0;

@@ -2,7 +2,8 @@
 // `wgmma/`, the ternary GEMM and input gradient): shared-memory addresses, 16-byte `cp.async`
 // copies, mbarriers for bulk copies, wgmma descriptors and synchronization, and the register
 // fences that keep ptxas from moving values across an asynchronous MMA, and the sum of a k split
-// over a thread-block cluster (`gather_splits`). kiln places this file
+// over a thread-block cluster (`gather_splits`) and the grouped tile order of the GEMMs
+// (`grouped_tile`). kiln places this file
 // first, before a kernel's wrappers and source.
 //
 // A 128-byte-swizzled tile stores rows of 128 bytes: the 16-byte chunk `c` of row `r` sits at
@@ -21,6 +22,12 @@ __device__ __forceinline__ u32 shared_address(const void* p) {
 // 16 bytes global → shared, zero-filled when `bytes` is 0.
 __device__ __forceinline__ void copy16(u32 dst, const void* src, u32 bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+
+// 4 bytes global → shared, zero-filled when `bytes` is 0 (rows of scales or statistics, which need
+// no 16-byte alignment).
+__device__ __forceinline__ void copy4(u32 dst, const void* src, u32 bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
 }
 
 __device__ __forceinline__ void copy_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
@@ -137,4 +144,17 @@ __device__ __forceinline__ bool gather_splits_idle(int rank) {
     cluster_sync();
     cluster_sync();
     return rank != 0;
+}
+
+// The tile `(tok0, f0)` of a GEMM's `tile`-th output tile of TOKS activation rows by FEATS weight
+// rows, `m` by `n` in all: tiles come in groups of GROUP activation tiles, the weight's tiles in
+// order within a group, the group's activation tiles fastest, so the cubes in flight share a
+// group's activations in L2 while the weight streams past.
+template <int TOKS, int FEATS, int GROUP>
+__device__ __forceinline__ void grouped_tile(u32 tile, u32 m, u32 n, u32& tok0, u32& f0) {
+    const u32 tok_tiles = (m + TOKS - 1) / TOKS, feat_tiles = (n + FEATS - 1) / FEATS;
+    const u32 per_group = GROUP * feat_tiles, group = tile / per_group;
+    const u32 first = group * GROUP, size = min(GROUP, tok_tiles - first), within = tile % per_group;
+    tok0 = (first + within % size) * TOKS;
+    f0 = (within / size) * FEATS;
 }

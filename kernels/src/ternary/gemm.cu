@@ -193,17 +193,6 @@ __device__ __forceinline__ void expand(u32 base, int kb, u32 t) {
     }
 }
 
-// The tile of cube `cube / SPLITS`: groups of GROUP activation tiles, weight tiles in order within
-// a group, the group's activation tiles fastest.
-__device__ __forceinline__ void tile_of(u32 cube, const GemmParams& p, u32& tok0, u32& f0) {
-    cube /= SPLITS;
-    const u32 tok_tiles = (p.m + TOKS - 1) / TOKS, feat_tiles = (p.n + FEATS - 1) / FEATS;
-    const u32 per_group = GROUP * feat_tiles, group = cube / per_group;
-    const u32 first = group * GROUP, size = min(GROUP, tok_tiles - first), within = cube % per_group;
-    tok0 = (first + within % size) * TOKS;
-    f0 = (within / size) * FEATS;
-}
-
 
 #if KILN_OUT_KIND != 0
 // Stages a thread's sums, scaled, into the output tile `[TOKS][OUT_PITCH]` (`tile`, a shared
@@ -245,7 +234,7 @@ extern "C" __global__ void CLUSTER __launch_bounds__(THREADS, 1) kiln_ternary_ge
     extern __shared__ unsigned char shared_raw[];
     const u32 base = (shared_address(shared_raw) + 1023) & ~1023u;
     u32 tok0, f0;
-    tile_of(blockIdx.x, p, tok0, f0);
+    grouped_tile<TOKS, FEATS, GROUP>(blockIdx.x / SPLITS, p.m, p.n, tok0, f0);
     // This cube's share of k's blocks: [kb0, kb0 + blocks), 8 or more where k is split
     // (`wgmma::splits`).
     const int all = (p.row_words * 16 + BK - 1) / BK, rank = blockIdx.x % SPLITS;

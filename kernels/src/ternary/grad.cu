@@ -93,10 +93,6 @@ __device__ __forceinline__ u32 weights_at(u32 base, int nb) { return base + STAG
 // The mbarrier on which stage `s`'s dy tile lands, after the weight's ring.
 __device__ __forceinline__ u32 landed_at(u32 base, int s) { return base + STAGES * DY_TILE + VALS_BYTES + W_STAGES * W_STAGE_BYTES + 8 * s; }
 
-__device__ __forceinline__ void copy4(u32 dst, const void* src, u32 bytes) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-}
-
 // What making thread `t` copies each block, computed once: the half `t % 2` (one MMA warpgroup's
 // 64 columns, 16 bytes) of weight row `t / 2` of the block.
 struct Copies {

@@ -60,11 +60,6 @@ struct BackwardInfo {
     float scale_log2;  // softmax scale · log2(e)
 };
 
-// 4 bytes global → shared, zero-filled when `bytes` is 0 (lse and D rows need no alignment).
-__device__ __forceinline__ void copy4(u32 dst, const void* src, u32 bytes) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-}
-
 // dst[0..2] += (a, b) in global memory, one vector atomic.
 __device__ __forceinline__ void add2(float* dst, float a, float b) {
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b) : "memory");
