@@ -10,7 +10,8 @@ Usage on the GPU machine, from the repository root:
     python3 benches/probes/ternary_grad.py [variant.cu ...]   (default: the committed kernel)
 Environment: SHAPES (`m`x`n`x`k` list: dy `[m, n]`, weight `[n, k]`), KINDS (1 f16, 2 bf16;
 default both on the first two shapes, bf16 after; timings are of the last kind), TOKS (gradient
-rows a cube takes, 128 or 256; default kiln's choice)."""
+rows a cube takes, 128 or 256; default kiln's choice), SPLITS (KILN_SPLITS values, each a variant
+of every source: cubes a tile splitting the reduction; default 1)."""
 import ctypes, os, sys
 import torch
 
@@ -36,8 +37,9 @@ def tokens(m, k):
 
 
 class Variant:
-    def __init__(self, path):
-        self.name = os.path.basename(path)
+    def __init__(self, path, splits):
+        self.name = os.path.basename(path) + (f":S{splits}" if splits > 1 else "")
+        self.splits = splits
         text = open(path).read()
         sig = "const __grid_constant__ GradParams p) {"
         assert sig in text
@@ -49,15 +51,15 @@ class Variant:
     def function(self, kind, toks):
         if (kind, toks) not in self.cache:
             wgmma_type = "f16" if kind == 1 else "bf16"
-            defines = f"#define KILN_OUT_KIND {kind}\n#define KILN_WGMMA_TYPE \"{wgmma_type}\"\n#define KILN_TOKS {toks}\n"
+            defines = f"#define KILN_OUT_KIND {kind}\n#define KILN_WGMMA_TYPE \"{wgmma_type}\"\n#define KILN_TOKS {toks}\n#define KILN_SPLITS {self.splits}\n"
             headers = ("hopper/common.cuh", "hopper/wgmma.cuh", "cuda_out.cuh")
-            self.cache[(kind, toks)] = build(defines, headers, self.src, f"{self.name}_{kind}_{toks}", "kiln_ternary_input_grad")
+            self.cache[(kind, toks)] = build(defines, headers, self.src, f"{self.name.replace(':', '_')}_{kind}_{toks}", "kiln_ternary_input_grad")
         return self.cache[(kind, toks)]
 
     def launch(self, kind, m, n, k, row_words, group, bufs, stream):
         toks = tokens(m, k)
         fn, shared, threads, _ = self.function(kind, toks)
-        cubes = -(-m // toks) * -(-k // COLS)
+        cubes = -(-m // toks) * -(-k // COLS) * self.splits
         u = cp.uint32
         magic = -(-(1 << 64) // group) if group > 1 else 0  # ⌈2^64 / group⌉, as kiln computes it
         fn((cubes,), (threads,), bufs + (u(m), u(n), u(k), u(row_words), u(group), u(magic & 0xFFFFFFFF), u(magic >> 32)), shared_mem=shared, stream=stream)
@@ -85,7 +87,7 @@ def tensor_map(t, box_rows):
 
 def main():
     paths = sys.argv[1:] or [os.path.join(SRC, "ternary", "grad.cu")]
-    variants = [Variant(p) for p in paths]
+    variants = [Variant(p, int(s)) for p in paths for s in os.environ.get("SPLITS", "1").split(",")]
     stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
     gen = torch.Generator(device="cuda").manual_seed(0)
     for index, (m, n, k) in enumerate(SHAPES):

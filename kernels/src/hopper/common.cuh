@@ -105,18 +105,19 @@ __device__ __forceinline__ void cluster_sync() {
 
 // Adds the accumulators of the other cubes of a tile whose k is split over a thread-block cluster
 // of `splits` cubes (this one `rank`) to the first cube's, through distributed shared memory: each
-// other cube stores its 128 accumulators in its own shared memory at `scratch` (free bytes, 512
-// for each of the THREADS threads that hold accumulators), `acc[4j … 4j+3]` of accumulator thread
-// `t` at 16-byte slot `j · THREADS + t`, and the first cube's thread `t` reads the same slots of
-// each in rank order (so float sums are deterministic); the second cluster barrier keeps the
-// others' shared memory alive until it has. Threads without accumulators take part in the
-// barriers through `gather_splits_idle`. Returns whether this cube is done (not the tile's first).
-template <int THREADS, typename T>
-__device__ __forceinline__ bool gather_splits(T (&acc)[128], u32 scratch, int rank, int splits, u32 t) {
+// other cube stores its N accumulators in its own shared memory at `scratch` (free bytes, 4 N for
+// each of the THREADS threads that hold accumulators), `acc[4j … 4j+3]` of accumulator thread `t`
+// at 16-byte slot `j · THREADS + t`, and the first cube's thread `t` reads the same slots of each
+// in rank order (so float sums are deterministic); the second cluster barrier keeps the others'
+// shared memory alive until it has. Threads without accumulators take part in the barriers
+// through `gather_splits_idle`. Returns whether this cube is done (not the tile's first).
+template <int THREADS, typename T, int N>
+__device__ __forceinline__ bool gather_splits(T (&acc)[N], u32 scratch, int rank, int splits, u32 t) {
+    static_assert(N % 4 == 0, "whole 16-byte slots");
     const u32 slot = scratch + t * 16;
     if (rank != 0) {
         #pragma unroll
-        for (int j = 0; j < 32; ++j)
+        for (int j = 0; j < N / 4; ++j)
             asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(slot + j * THREADS * 16), "r"(accumulator_bits(acc[4 * j])), "r"(accumulator_bits(acc[4 * j + 1])),
                          "r"(accumulator_bits(acc[4 * j + 2])), "r"(accumulator_bits(acc[4 * j + 3])) : "memory");
     }
@@ -127,7 +128,7 @@ __device__ __forceinline__ bool gather_splits(T (&acc)[128], u32 scratch, int ra
             u32 remote;
             asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(slot), "r"(r));
             #pragma unroll
-            for (int j = 0; j < 32; ++j) {
+            for (int j = 0; j < N / 4; ++j) {
                 u32 v[4];
                 asm volatile("ld.shared::cluster.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(remote + j * THREADS * 16) : "memory");
                 #pragma unroll

@@ -58,9 +58,9 @@
 // Output tile rows in shared memory are padded by 16 bytes so that a warp's stores spread over banks.
 #define OUT_PITCH (FEATS + 16 / (int)sizeof(out_t))
 
-// Bytes of dynamic shared memory the launch requests: the stages, the byte tiles, the tile's
-// scales, their reciprocals and the code sums (`Scales`), the stages' mbarriers, and 1 KB more to
-// align the swizzled tiles.
+// Bytes of dynamic shared memory the launch requests: the activation stages, the weight's ring,
+// the byte tiles, the tile's scales, their reciprocals and the code sums (`Scales`), the stages'
+// mbarriers, and 1 KB more to align the swizzled tiles.
 #define SCALES_BYTES ((3 * TOKS + 2 * FEATS) * 4)
 #define KILN_SHARED_BYTES (STAGES * ACT_TILE + W_STAGES * W_TILE + VALS * 2 * CODE_TILE + SCALES_BYTES + STAGES * 8 + 1024)
 
@@ -201,10 +201,10 @@ __device__ __forceinline__ void expand(u32 base, int kb, u32 t) {
 // that `scaled_fast` cannot settle divides (both elements). Against `stage_transposed` (a 2-byte
 // store and the token's scale and sum read again for each element) this made the GEMM 8–19%
 // faster (`benches/RESULTS.md`, thirty-sixth session).
-__device__ __forceinline__ void stage_scaled(const int (&acc)[128], u32 tile, const Scales* scales, int wg, int warp, int lane) {
-    const int t = lane % 4, row = wg * 64 + warp * 16 + lane / 4;
+__device__ __forceinline__ void stage_scaled(const int (&acc)[128], u32 tile, const Scales* scales, int c, int warp, int lane) {
+    const int t = lane % 4, row = c * 64 + warp * 16 + lane / 4;  // c: the MMA warpgroup
     const float rw[2] = {scales->rw[row], scales->rw[row + 8]};
-    stage_pairs_transposed<TOKS / 8>(tile, OUT_PITCH, wg * 64 + warp * 16, lane, [&](int j, int h) {
+    stage_pairs_transposed<TOKS / 8>(tile, OUT_PITCH, c * 64 + warp * 16, lane, [&](int j, int h) {
         const int tok = 8 * j + 2 * t;
         const int a0 = acc[4 * j + 2 * h] - scales->sum[tok], a1 = acc[4 * j + 2 * h + 1] - scales->sum[tok + 1];
         u32 lo, hi;

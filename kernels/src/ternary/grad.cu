@@ -28,8 +28,13 @@
 // weight's column tiles fastest, so the cubes in flight share a few gradient tiles in L2, and
 // the packed weight (2 bits a weight) stays there too.
 //
-// Defines: KILN_OUT_KIND (1 f16, 2 bf16; dy and dx share it), KILN_WGMMA_TYPE ("f16", "bf16") and
-// KILN_TOKS (256, or 128 where 256-row cubes would leave most SMs idle).
+// Split the reduction (KILN_SPLITS = 2 or 3, where a launch has too few tiles to fill the SMs): as
+// in the GEMM, the SPLITS cubes of a tile form one thread-block cluster, each runs its share of
+// the weight's rows, and the tile's first cube adds the others' f32 sums (in rank order) through
+// distributed shared memory (`gather_splits`) before its epilogue.
+//
+// Defines: KILN_OUT_KIND (1 f16, 2 bf16; dy and dx share it), KILN_WGMMA_TYPE ("f16", "bf16"),
+// KILN_TOKS (256 or 128) and KILN_SPLITS (1, 2, 3).
 // kiln places `hopper/common.cuh`, `hopper/wgmma.cuh` and `cuda_out.cuh` before this source.
 
 #define COLS 128
@@ -47,6 +52,8 @@
 #define VALS 3
 #define THREADS 384
 #define MAKERS 128
+#define MMA_THREADS 256
+#define SPLITS KILN_SPLITS
 #define DY_TILE (TOKS * BN * 2)
 #define W_TILE (BN * COLS / 4)
 // Each making thread's copy of its row's scale.
@@ -79,16 +86,16 @@ static_assert(sizeof(out_t) == 2, "f16 or bf16 gradients");
 static_assert(MAKERS == 2 * BN, "two making threads a weight row of a block");
 static_assert(STAGES * DY_TILE >= TOKS * OUT_PITCH * 2, "the output tile fits in the stages");
 
-// Where dy's tile of block `nb` of the reduction lands: stage `nb % STAGES`.
-__device__ __forceinline__ u32 stage_at(u32 base, int nb) { return base + (nb % STAGES) * DY_TILE; }
+// Where dy's tile of the cube's block `i` (counted from its first) lands: stage `i % STAGES`.
+__device__ __forceinline__ u32 stage_at(u32 base, int i) { return base + (i % STAGES) * DY_TILE; }
 
-// The value tiles of block `nb`: slot `nb % VALS`, after the stages; MMA warpgroup `c`'s columns
+// The value tiles of the cube's block `i`: slot `i % VALS`, after the stages; MMA warpgroup `c`'s columns
 // at `+ c · VAL_TILE`.
-__device__ __forceinline__ u32 values_at(u32 base, int nb) { return base + STAGES * DY_TILE + (nb % VALS) * 2 * VAL_TILE; }
+__device__ __forceinline__ u32 values_at(u32 base, int i) { return base + STAGES * DY_TILE + (i % VALS) * 2 * VAL_TILE; }
 
-// Where block `nb`'s packed weight rows and the making threads' scales land: slot `nb % W_STAGES`
+// Where the cube's block `i`'s packed weight rows and the making threads' scales land: slot `i % W_STAGES`
 // of the weight's ring, after the value tiles.
-__device__ __forceinline__ u32 weights_at(u32 base, int nb) { return base + STAGES * DY_TILE + VALS_BYTES + (nb % W_STAGES) * W_STAGE_BYTES; }
+__device__ __forceinline__ u32 weights_at(u32 base, int i) { return base + STAGES * DY_TILE + VALS_BYTES + (i % W_STAGES) * W_STAGE_BYTES; }
 
 // The mbarrier on which stage `s`'s dy tile lands, after the weight's ring.
 __device__ __forceinline__ u32 landed_at(u32 base, int s) { return base + STAGES * DY_TILE + VALS_BYTES + W_STAGES * W_STAGE_BYTES + 8 * s; }
@@ -108,19 +115,21 @@ __device__ __forceinline__ Copies copies_of(const unsigned char* w, const GradPa
     return c;
 }
 
-// Stages dy's tile of block `nb`: TOKS rows by BN columns, one tensor copy onto the stage's mbarrier.
-__device__ __forceinline__ void load_dy(u32 base, const TensorMap* dy_map, u32 tok0, int nb) {
-    const u32 landed = landed_at(base, nb % STAGES);
+// Stages dy's tile of the cube's block `i` (block `nb0 + i` of the reduction): TOKS rows by BN
+// columns, one tensor copy onto the stage's mbarrier.
+__device__ __forceinline__ void load_dy(u32 base, const TensorMap* dy_map, u32 tok0, int nb0, int i) {
+    const u32 landed = landed_at(base, i % STAGES);
     barrier_expect(landed, DY_TILE);
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(stage_at(base, nb)),
-                 "l"(dy_map), "r"(nb * BN), "r"(tok0), "r"(landed) : "memory");
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(stage_at(base, i)),
+                 "l"(dy_map), "r"((nb0 + i) * BN), "r"(tok0), "r"(landed) : "memory");
 }
 
-// Stages making thread `t`'s part of block `nb`'s weight: its 16 packed bytes (zeros past `n` or
-// the padded row) and its row's scale (`cp.async`). The same thread expands them, so its own
-// `cp.async` wait suffices.
-__device__ __forceinline__ void load_weights(u32 base, const Copies& c, const float* w_scales, const GradParams& p, u32 t, int nb) {
-    const u32 slot = weights_at(base, nb), row = nb * BN + t / 2;
+// Stages making thread `t`'s part of the weight of the cube's block `i` (block `nb0 + i`): its 16
+// packed bytes (zeros past `n` or the padded row) and its row's scale (`cp.async`). The same
+// thread expands them, so its own `cp.async` wait suffices.
+__device__ __forceinline__ void load_weights(u32 base, const Copies& c, const float* w_scales, const GradParams& p, u32 t, int nb0, int i) {
+    const int nb = nb0 + i;
+    const u32 slot = weights_at(base, i), row = nb * BN + t / 2;
     const bool ok = row < p.n && c.w_ok;
     copy16(slot + t * 16, c.w + (u64)nb * BN * p.row_words * 4, ok ? 16 : 0);
     const u32 group = p.group == 1 ? row : (u32)__umul64hi(row, ((u64)p.magic_hi << 32) | p.magic_lo);
@@ -147,13 +156,14 @@ struct Magnitude {
     u32 bits = 0;
 };
 
-// Expands making thread `t`'s part of staged block `nb` into MMA warpgroup `t % 2`'s value tile
+// Expands making thread `t`'s part of the cube's staged block `i` (block `nb0 + i`) into MMA warpgroup `t % 2`'s value tile
 // (`[BN][64]` elements, 128-byte swizzle): row `t / 2`, four words of 16 elements, eight 16-byte
 // stores. Elements `4g … 4g+3` of a word are the bytes of `(word >> 2g) & 0x03030303` (the
 // packing in `mod.rs`), and `c · 0x22 + 0x10` of a code `c` is a `prmt` selector for bytes
 // `2c, 2c+1` of `{−v, 0, +v, 0}`: the element `(c − 1) · v`. Rows past `n` expand to zeros.
-__device__ __forceinline__ void expand(u32 base, int nb, const GradParams& p, u32 t, Magnitude& mag) {
-    const u32 r = t / 2, slot = weights_at(base, nb);
+__device__ __forceinline__ void expand(u32 base, int nb0, int i, const GradParams& p, u32 t, Magnitude& mag) {
+    const int nb = nb0 + i;
+    const u32 r = t / 2, slot = weights_at(base, i);
     float s;
     asm volatile("ld.shared.f32 %0, [%1];" : "=f"(s) : "r"(slot + W_TILE + t * 4));
     if (s != mag.scale) {
@@ -163,7 +173,7 @@ __device__ __forceinline__ void expand(u32 base, int nb, const GradParams& p, u3
     const u32 v = nb * BN + r < p.n ? mag.bits : 0u, lo = v ^ 0x8000u, hi = v;
     u32 word[4];
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(word[0]), "=r"(word[1]), "=r"(word[2]), "=r"(word[3]) : "r"(slot + t * 16));
-    const u32 vals = values_at(base, nb) + (t % 2) * VAL_TILE + r * 128;
+    const u32 vals = values_at(base, i) + (t % 2) * VAL_TILE + r * 128;
     #pragma unroll
     for (int q = 0; q < 4; ++q) {
         u32 e[8];
@@ -181,15 +191,22 @@ __device__ __forceinline__ void expand(u32 base, int nb, const GradParams& p, u3
 }
 
 // dy_map: the tensor map of dy (dense `[m, n]`, passed as `dy` too, unread); w `[n, row_words]`
-// packed words; w_scales one f32 per `group` rows; dx dense `[m, k]`. One cube per (gradient tile,
-// column tile), column tiles fastest; THREADS threads, KILN_SHARED_BYTES of shared memory.
-extern "C" __global__ void __launch_bounds__(THREADS, 1) kiln_ternary_input_grad(
+// packed words; w_scales one f32 per `group` rows; dx dense `[m, k]`. SPLITS cubes per (gradient
+// tile, column tile), column tiles fastest; THREADS threads, KILN_SHARED_BYTES of shared memory.
+#if SPLITS > 1
+#define CLUSTER __cluster_dims__(SPLITS, 1, 1)
+#else
+#define CLUSTER
+#endif
+extern "C" __global__ void CLUSTER __launch_bounds__(THREADS, 1) kiln_ternary_input_grad(
     const __grid_constant__ TensorMap dy_map, const out_t* __restrict__ dy, const unsigned char* __restrict__ w, const float* __restrict__ w_scales,
     out_t* __restrict__ dx, const __grid_constant__ GradParams p) {
     extern __shared__ unsigned char shared_raw[];
     const u32 base = (shared_address(shared_raw) + 1023) & ~1023u;
-    const u32 col_tiles = (p.k + COLS - 1) / COLS, tok0 = (blockIdx.x / col_tiles) * TOKS, c0 = (blockIdx.x % col_tiles) * COLS;
-    const int blocks = (p.n + BN - 1) / BN;
+    const u32 col_tiles = (p.k + COLS - 1) / COLS, cube_tile = blockIdx.x / SPLITS, tok0 = (cube_tile / col_tiles) * TOKS, c0 = (cube_tile % col_tiles) * COLS;
+    // This cube's share of the reduction's blocks: [nb0, nb0 + blocks).
+    const int all = (p.n + BN - 1) / BN, rank = blockIdx.x % SPLITS;
+    const int nb0 = all * rank / SPLITS, blocks = all * (rank + 1) / SPLITS - nb0;
     // The warpgroup, taken from lane 0 so that the compiler sees it uniform across a warp.
     const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
     if (threadIdx.x == 0) {
@@ -203,38 +220,41 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kiln_ternary_input_grad
         const Copies c = copies_of(w, p, c0, t);
         Magnitude mag;
         #pragma unroll
-        for (int nb = 0; nb < STAGES - 2; ++nb)
-            if (t == 0 && nb < blocks) load_dy(base, &dy_map, tok0, nb);
+        for (int i = 0; i < STAGES - 2; ++i)
+            if (t == 0 && i < blocks) load_dy(base, &dy_map, tok0, nb0, i);
         #pragma unroll
-        for (int nb = 0; nb < W_LEAD; ++nb) {
-            if (nb < blocks) load_weights(base, c, w_scales, p, t, nb);
+        for (int i = 0; i < W_LEAD; ++i) {
+            if (i < blocks) load_weights(base, c, w_scales, p, t, nb0, i);
             copy_commit();
         }
         copy_wait<W_LEAD - 1>();
-        expand(base, 0, p, t, mag);
-        for (int nb = 0; nb < blocks; ++nb) {
+        expand(base, nb0, 0, p, t, mag);
+        for (int i = 0; i < blocks; ++i) {
             async_proxy_fence();  // the expanded values, before the barrier shows them to wgmma
             asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");
-            if (t == 0 && nb + STAGES - 2 < blocks) load_dy(base, &dy_map, tok0, nb + STAGES - 2);
-            if (nb + W_LEAD < blocks) load_weights(base, c, w_scales, p, t, nb + W_LEAD);
+            if (t == 0 && i + STAGES - 2 < blocks) load_dy(base, &dy_map, tok0, nb0, i + STAGES - 2);
+            if (i + W_LEAD < blocks) load_weights(base, c, w_scales, p, t, nb0, i + W_LEAD);
             copy_commit();
             copy_wait<W_LEAD - 1>();
-            if (nb + 1 < blocks) expand(base, nb + 1, p, t, mag);
+            if (i + 1 < blocks) expand(base, nb0, i + 1, p, t, mag);
         }
         copy_wait<0>();
-        asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");  // the stages are free for the output tile
+        asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");  // the stages are free for the sums and the output tile
+#if SPLITS > 1
+        if (gather_splits_idle(rank)) return;
+#endif
         asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");  // the output tile is staged
     } else {
         const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32, c = wg - 1;
         float acc[ACC];
         #pragma unroll
         for (int i = 0; i < ACC; ++i) acc[i] = 0.f;
-        for (int nb = 0; nb < blocks; ++nb) {
+        for (int i = 0; i < blocks; ++i) {
             asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");
-            barrier_wait(landed_at(base, nb % STAGES), (nb / STAGES) & 1);
+            barrier_wait(landed_at(base, i % STAGES), (i / STAGES) & 1);
             // Descriptors of the block's first k16 step; a step advances A by 16 rows of 128 bytes
             // and B by 32 bytes (the descriptors count 16-byte units).
-            const u64 a = descriptor(values_at(base, nb) + c * VAL_TILE, BN * 128, 1024), b = descriptor(stage_at(base, nb), 16, 1024);
+            const u64 a = descriptor(values_at(base, i) + c * VAL_TILE, BN * 128, 1024), b = descriptor(stage_at(base, i), 16, 1024);
             wgmma_fence();
             #pragma unroll
             for (int s = 0; s < BN / 16; ++s) WGMMA_MA(acc, a + s * (16 * 128 / 16), b + s * (32 / 16), 1);
@@ -244,6 +264,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kiln_ternary_input_grad
         wgmma_wait<0>();
         fence_accumulators(acc);
         asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");
+#if SPLITS > 1
+        static_assert(ACC * MMA_THREADS * 4 <= STAGES * DY_TILE, "the split sums fit in the stages");
+        if (gather_splits<MMA_THREADS>(acc, base, rank, SPLITS, threadIdx.x - MAKERS)) return;
+#endif
         // Round into the output tile `[TOKS][OUT_PITCH]` in shared memory: acc[4j + 2h + e] is
         // gradient row 8j + 2t + e, weight column `col + 8h`. (The `+ 0.f` keeps ptxas from
         // serializing the wgmmas: converting an accumulator register straight to 16 bits made it

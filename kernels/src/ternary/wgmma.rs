@@ -57,24 +57,30 @@ fn tiles(m: usize, n: usize) -> usize {
     m.div_ceil(TOKS) * n.div_ceil(FEATS)
 }
 
-/// k blocks (`gemm.cu`'s BK = 128 codes) a cube takes at least when a tile's k is split.
+/// Reduction blocks a cube takes at least when a tile's reduction is split.
 const SPLIT_MIN_BLOCKS: usize = 8;
 
-/// The most cubes that share a tile's k ([`splits`]).
+/// The most cubes that share a tile's reduction ([`cluster_splits`]).
 const MAX_SPLITS: usize = 3;
 
-/// Cubes (one cluster) that share each tile's k: 3 up to a quarter as many tiles as SMs, 2 up to
-/// half, else 1, and each cube [`SPLIT_MIN_BLOCKS`] or more. A launch of fewer tiles than half
-/// the SMs otherwise leaves SMs idle for its whole run: 512 rows against `[4096, 11008]` (64
-/// tiles) ran 1.47× faster on two cubes a tile and 64 rows (32 tiles) 1.7× on three. Cubes fill an
-/// SM each, and a cluster's must share a GPC: 32 tiles on four cubes each (128) ran 1.6× slower
-/// than on three (96), and 40 tiles on three (120, launched after a whole wave of tiles) 1.2×
-/// slower than in that launch, unsplit; so three a tile stops at a quarter of the SMs
-/// (`benches/RESULTS.md`, thirty-sixth session).
-fn splits(m: usize, n: usize, k: usize, sms: usize) -> usize {
-    let (tiles, most) = (tiles(m, n), weight_row_words(k).div_ceil(8) / SPLIT_MIN_BLOCKS);
+/// Cubes (one cluster) that share the reduction of each of a launch's `tiles` tiles, `blocks`
+/// blocks long: 3 up to a quarter as many tiles as SMs, 2 up to half, else 1, and each cube
+/// [`SPLIT_MIN_BLOCKS`] or more. A launch of fewer tiles than half the SMs otherwise leaves SMs
+/// idle for its whole run: the GEMM at 512 rows against `[4096, 11008]` (64 tiles) ran 1.47×
+/// faster on two cubes a tile and 64 rows (32 tiles) 1.7× on three; the input gradient at 512 rows
+/// of `[11008, 4096]` (64 tiles of 256 rows) 1.50× faster on two cubes a tile than on 128-row
+/// tiles (thirty-seventh session). Cubes fill an SM each, and a cluster's must share a GPC: 32
+/// tiles on four cubes each (128) ran 1.6× slower than on three (96), and 40 tiles on three (120,
+/// launched after a whole wave of tiles) 1.2× slower than in that launch, unsplit; so three a tile
+/// stops at a quarter of the SMs (`benches/RESULTS.md`, thirty-sixth session).
+fn cluster_splits(tiles: usize, blocks: usize, sms: usize) -> usize {
     let fit = if 4 * tiles <= sms { MAX_SPLITS } else if 2 * tiles <= sms { 2 } else { 1 };
-    fit.min(most).max(1)
+    fit.min(blocks / SPLIT_MIN_BLOCKS).max(1)
+}
+
+/// [`cluster_splits`] of the GEMM of `m` rows against `[n, k]` (k in blocks of 128 codes).
+fn splits(m: usize, n: usize, k: usize, sms: usize) -> usize {
+    cluster_splits(tiles(m, n), weight_row_words(k).div_ceil(8), sms)
 }
 
 /// Enqueues `out = (Σ c_w · q_x − Σ q_x) / (s_x · s_w)` for `m` activation rows (`args.x` in the
@@ -111,11 +117,18 @@ const fn grad_shared_bytes(tokens: usize) -> usize {
     4 * tokens * GRAD_BN * 2 + 3 * 2 * GRAD_BN * 64 * 2 + 8 * (GRAD_BN * 32 + 128 * 4) + 4 * 8 + 1024
 }
 
-/// Gradient rows a cube takes: 256, or 128 where even twice the 256-row cubes fit on the SMs at
-/// once (m = 512 against 4096 columns: 64 cubes; 128-row cubes ran it 1.2× faster there, and 1.7×
-/// slower at 128 cubes, where 256-row cubes fill the GPU; thirty-fourth session).
-fn grad_tokens(m: usize, k: usize, sms: usize) -> usize {
-    if 2 * m.div_ceil(256) * k.div_ceil(GRAD_COLS) <= sms { 128 } else { 256 }
+/// Gradient rows a cube takes: 256, or 128 where one tile of either covers `m` (less padding).
+/// Where 256-row tiles leave most SMs idle the reduction is split instead ([`grad_splits`]): at
+/// 512 rows of `[11008, 4096]` 128-row cubes ran 0.1176 ms, 256-row cubes two a tile 0.0783
+/// (thirty-seventh session; the 34th's choice of 128-row cubes there predates the split).
+fn grad_tokens(m: usize) -> usize {
+    if m <= 128 { 128 } else { 256 }
+}
+
+/// [`cluster_splits`] of the input gradient of `dy [m, n]` against `[n, k]` (the reduction over
+/// `n` in blocks of `BN`).
+fn grad_splits(m: usize, n: usize, k: usize, sms: usize) -> usize {
+    cluster_splits(grad_tiles(m, k, grad_tokens(m)), n.div_ceil(GRAD_BN), sms)
 }
 
 /// The buffers of [`launch_input_grad`]: the output gradient `[m, n]` (read through a tensor map
@@ -139,7 +152,7 @@ pub fn grad_serves(kind: FloatKind, m: usize, n: usize, k: usize) -> bool {
         && n.is_multiple_of(8)
         && (1..=MAX_K).contains(&k)
         && m.max(n) < i32::MAX as usize
-        && grad_tiles(m, k, 128) < i32::MAX as usize
+        && MAX_SPLITS * grad_tiles(m, k, 128) < i32::MAX as usize
         && crate::measurement_override("KILN_TERNARY_GRAD_WGMMA", 0..=1) != Some(0)
 }
 
@@ -149,9 +162,9 @@ fn grad_tiles(m: usize, k: usize, tokens: usize) -> usize {
 }
 
 fn grad_source(params: &[u32]) -> String {
-    let [kind, tokens] = params else { unreachable!("two grad parameters") };
+    let [kind, tokens, splits] = params else { unreachable!("three grad parameters") };
     let wgmma = if *kind == FloatKind::F16 as u32 { "f16" } else { "bf16" };
-    format!("#define KILN_OUT_KIND {kind}\n#define KILN_WGMMA_TYPE \"{wgmma}\"\n#define KILN_TOKS {tokens}\n{COMMON}\n{WGMMA}\n{OUT_ELEMENT}\n{GRAD_SOURCE}")
+    format!("#define KILN_OUT_KIND {kind}\n#define KILN_WGMMA_TYPE \"{wgmma}\"\n#define KILN_TOKS {tokens}\n#define KILN_SPLITS {splits}\n{COMMON}\n{WGMMA}\n{OUT_ELEMENT}\n{GRAD_SOURCE}")
 }
 
 /// `⌈2⁶⁴ / group⌉` for groups above 1 (0 for 1), which `grad.cu` divides row indices by.
@@ -164,10 +177,10 @@ fn group_magic(group: usize) -> u64 {
 pub fn launch_input_grad(client: &ComputeClient<CudaRuntime>, kind: FloatKind, m: usize, n: usize, k: usize, group: usize, args: GradArgs) {
     assert!(grad_serves(kind, m, n, k), "kiln ternary wgmma input gradient: dy [{m}, {n}] ({kind:?}) against [{n}, {k}]");
     let sms = client.properties().hardware.num_streaming_multiprocessors.unwrap_or(132) as usize;
-    let tokens = grad_tokens(m, k, sms);
+    let (tokens, splits) = (grad_tokens(m), grad_splits(m, n, k, sms));
     let kernel = CudaSourceKernel {
         entry: "kiln_ternary_input_grad",
-        key: (GRAD_FINGERPRINT, vec![kind as u32, tokens as u32]),
+        key: (GRAD_FINGERPRINT, vec![kind as u32, tokens as u32, splits as u32]),
         cube_dim: CubeDim::new_1d(GRAD_THREADS),
         shared_bytes: grad_shared_bytes(tokens),
         source: grad_source,
@@ -177,14 +190,14 @@ pub fn launch_input_grad(client: &ComputeClient<CudaRuntime>, kind: FloatKind, m
     // `GradParams`: rows, reduction, columns, packed words a weight row, rows a scale, the magic.
     let row_words = weight_row_words(k);
     let params = [m as u32, n as u32, k as u32, row_words as u32, group as u32, magic as u32, (magic >> 32) as u32];
-    let cubes = CubeCount::Static(grad_tiles(m, k, tokens) as u32, 1, 1);
+    let cubes = CubeCount::Static((grad_tiles(m, k, tokens) * splits) as u32, 1, 1);
     // CubeCL passes the map's tensor (dy) right after the map, before these buffers.
     kernel.launch_with_maps(client, cubes, vec![map], vec![args.words, args.w_scales, args.dx], &params);
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{group_magic, splits};
+    use super::{grad_splits, group_magic, splits};
 
     /// Tiles split k only while their clusters fit the SMs at once, each cube keeping 8 or more
     /// blocks.
@@ -204,6 +217,23 @@ mod tests {
         ];
         for ((m, n, k), want) in cases {
             assert_eq!(splits(m, n, k, 132), want, "{m} rows against [{n}, {k}]");
+        }
+    }
+
+    /// The input gradient takes 256-row tiles (128 for at most 128 rows) and splits the reduction
+    /// by the GEMM's rule.
+    #[test]
+    fn grad_splits_fill_one_wave() {
+        let cases = [
+            ((512, 11008, 4096), 2),  // 64 tiles, 172 blocks
+            ((512, 4096, 11008), 1),  // 172 tiles
+            ((1024, 11008, 4096), 1), // 128 tiles
+            ((512, 28672, 8192), 1),  // 128 tiles
+            ((100, 4096, 2048), 3),   // 16 tiles of 128 rows, 64 blocks
+            ((17, 64, 200), 1),       // 2 tiles, one block
+        ];
+        for ((m, n, k), want) in cases {
+            assert_eq!(grad_splits(m, n, k, 132), want, "dy [{m}, {n}] against [{n}, {k}]");
         }
     }
 
