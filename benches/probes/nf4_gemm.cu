@@ -244,7 +244,7 @@ extern "C" __global__ void CLUSTER __launch_bounds__(THREADS, 1) kiln_nf4_gemm(
     if (maker) {
         for (int kb = 0; kb < blocks; ++kb) {
             async_proxy_fence();
-            asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");
+            role_sync<THREADS>();
             if (threadIdx.x == 0 && kb + STAGES - 2 < blocks) load_x(base, &x_map, tok0, kb0, kb + STAGES - 2);
             if (kb + W_LEAD < blocks) load_weights(base, row, w, s, p, f0, kb0, kb + W_LEAD);
             copy_commit();
@@ -253,7 +253,7 @@ extern "C" __global__ void CLUSTER __launch_bounds__(THREADS, 1) kiln_nf4_gemm(
         }
     } else {
         for (int kb = 0; kb < blocks; ++kb) {
-            asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");
+            role_sync<THREADS>();
             barrier_wait(landed_at(base, kb % STAGES), (kb / STAGES) & 1);
             const u64 a = descriptor(values_at(base, kb) + c * VAL_TILE, 16, 1024), b = descriptor(stage_at(base, kb), 16, 1024);
             wgmma_fence();

@@ -26,14 +26,15 @@ SRC = os.path.join(HERE, "..", "..", "kernels", "src")
 SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ.get(
     "SHAPES", "300x1000x2600,17x64x200,4096x11008x4096,4096x4096x11008,2048x28672x8192,8192x28672x8192,512x11008x4096").split(",")]
 DTYPES = {1: torch.float16, 2: torch.bfloat16}
-COLS, SMS = 128, 132
+COLS = 128
 
 
 def tokens(m, k):
-    """Gradient rows a cube takes, as kiln chooses them: 128 where 256-row tiles leave SMs idle."""
+    """Gradient rows a cube takes, as kiln chooses them (`wgmma::grad_tokens`): 128 for at most 128
+    rows, else 256 (kiln splits the reduction where tiles are few; here SPLITS does)."""
     if "TOKS" in os.environ:
         return int(os.environ["TOKS"])
-    return 128 if 2 * -(-m // 256) * -(-k // COLS) <= SMS else 256
+    return 128 if m <= 128 else 256
 
 
 class Variant:

@@ -2,8 +2,8 @@
 // `wgmma/`, the ternary GEMM and input gradient): shared-memory addresses, 16-byte `cp.async`
 // copies, mbarriers for bulk copies, wgmma descriptors and synchronization, and the register
 // fences that keep ptxas from moving values across an asynchronous MMA, and the sum of a k split
-// over a thread-block cluster (`gather_splits`) and the grouped tile order of the GEMMs
-// (`grouped_tile`). kiln places this file
+// over a thread-block cluster (`gather_splits`), the grouped tile order of the GEMMs
+// (`grouped_tile`) and the barriers of warp-specialized cubes (`role_sync`, `makers_finish`). kiln places this file
 // first, before a kernel's wrappers and source.
 //
 // A 128-byte-swizzled tile stores rows of 128 bytes: the 16-byte chunk `c` of row `r` sits at
@@ -145,6 +145,24 @@ __device__ __forceinline__ bool gather_splits_idle(int rank) {
     cluster_sync();
     cluster_sync();
     return rank != 0;
+}
+
+// Named barrier 1 over all THREADS threads of a cube whose warpgroups run different roles, each
+// in its own loop (a branch on the role inside one loop makes ptxas serialize the wgmmas).
+template <int THREADS>
+__device__ __forceinline__ void role_sync() { asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory"); }
+
+// The end of an operand-making warpgroup's part of a cube whose MMA warpgroups follow it with
+// `role_sync`, the split's `gather_splits` (with SPLITS cubes a tile) and `role_sync` again once
+// the output tile is staged: its copies done, then the same barriers. Returns whether this cube
+// is done (not its tile's first).
+template <int THREADS, int SPLITS>
+__device__ __forceinline__ bool makers_finish(int rank) {
+    copy_wait<0>();
+    role_sync<THREADS>();  // the stages are free for the split sums and the output tile
+    if (SPLITS > 1 && gather_splits_idle(rank)) return true;
+    role_sync<THREADS>();  // the output tile is staged
+    return false;
 }
 
 // The tile `(tok0, f0)` of a GEMM's `tile`-th output tile of TOKS activation rows by FEATS weight

@@ -193,7 +193,6 @@ __device__ __forceinline__ void expand(u32 base, int kb, u32 t) {
     }
 }
 
-
 #if KILN_OUT_KIND != 0
 // Stages a thread's sums, scaled, into the output tile `[TOKS][OUT_PITCH]` (`tile`, a shared
 // address) by `stage_pairs_transposed`: tokens `8j + 2t` and `+1` of weight row `row + 8h` make a
@@ -262,19 +261,14 @@ extern "C" __global__ void CLUSTER __launch_bounds__(THREADS, 1) kiln_ternary_ge
         expand(base, 0, t);
         for (int kb = 0; kb < blocks; ++kb) {
             async_proxy_fence();  // the expanded bytes, before the barrier shows them to wgmma
-            asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");
+            role_sync<THREADS>();
             if (t == 0 && kb + STAGES - 2 < blocks) load_acts(base, acts, p, tok0, kb0, kb + STAGES - 2);
             if (kb + W_LEAD < blocks) load_weights(base, w, p, f0, kb0, kb + W_LEAD, t);
             copy_commit();
             copy_wait<W_LEAD - 1>();
             if (kb + 1 < blocks) expand(base, kb + 1, t);
         }
-        copy_wait<0>();
-        asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");  // the stages are free
-#if SPLITS > 1
-        if (gather_splits_idle(rank)) return;
-#endif
-        asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");  // the output tile is staged
+        if (makers_finish<THREADS, SPLITS>(rank)) return;
     } else {
         const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32, c = wg - 1;
         load_scales(scales, x_scales, x_sums, w_scales, p, tok0, f0, threadIdx.x - MAKERS);
@@ -282,7 +276,7 @@ extern "C" __global__ void CLUSTER __launch_bounds__(THREADS, 1) kiln_ternary_ge
         #pragma unroll
         for (int i = 0; i < 128; ++i) acc[i] = 0;
         for (int kb = 0; kb < blocks; ++kb) {
-            asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");
+            role_sync<THREADS>();
             barrier_wait(landed_at(base, kb % STAGES), (kb / STAGES) & 1);
             const u32 stage = stage_at(base, kb), a = codes_at(base, kb) + c * CODE_TILE;
             wgmma_fence();
@@ -293,7 +287,7 @@ extern "C" __global__ void CLUSTER __launch_bounds__(THREADS, 1) kiln_ternary_ge
         }
         wgmma_wait<0>();
         fence_accumulators(acc);
-        asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");  // the stages are free: the split sums and the output tile reuse them
+        role_sync<THREADS>();  // the stages are free: the split sums and the output tile reuse them
 #if SPLITS > 1
         static_assert(128 * MMA_THREADS * 4 <= STAGES * ACT_TILE + W_STAGES * W_TILE, "the sums fit in the stages");
         if (gather_splits<MMA_THREADS>(acc, base, rank, SPLITS, threadIdx.x - MAKERS)) return;
@@ -308,7 +302,7 @@ extern "C" __global__ void CLUSTER __launch_bounds__(THREADS, 1) kiln_ternary_ge
 #else
         stage_scaled(acc, shared_address(tile), scales, c, warp, lane);
 #endif
-        asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");
+        role_sync<THREADS>();
     }
     store_tile<TOKS, FEATS, THREADS>(out, tile, OUT_PITCH, p.m, p.n, tok0, f0);
 }

@@ -231,26 +231,21 @@ extern "C" __global__ void CLUSTER __launch_bounds__(THREADS, 1) kiln_ternary_in
         expand(base, nb0, 0, p, t, mag);
         for (int i = 0; i < blocks; ++i) {
             async_proxy_fence();  // the expanded values, before the barrier shows them to wgmma
-            asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");
+            role_sync<THREADS>();
             if (t == 0 && i + STAGES - 2 < blocks) load_dy(base, &dy_map, tok0, nb0, i + STAGES - 2);
             if (i + W_LEAD < blocks) load_weights(base, c, w_scales, p, t, nb0, i + W_LEAD);
             copy_commit();
             copy_wait<W_LEAD - 1>();
             if (i + 1 < blocks) expand(base, nb0, i + 1, p, t, mag);
         }
-        copy_wait<0>();
-        asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");  // the stages are free for the sums and the output tile
-#if SPLITS > 1
-        if (gather_splits_idle(rank)) return;
-#endif
-        asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");  // the output tile is staged
+        if (makers_finish<THREADS, SPLITS>(rank)) return;
     } else {
         const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32, c = wg - 1;
         float acc[ACC];
         #pragma unroll
         for (int i = 0; i < ACC; ++i) acc[i] = 0.f;
         for (int i = 0; i < blocks; ++i) {
-            asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");
+            role_sync<THREADS>();
             barrier_wait(landed_at(base, i % STAGES), (i / STAGES) & 1);
             // Descriptors of the block's first k16 step; a step advances A by 16 rows of 128 bytes
             // and B by 32 bytes (the descriptors count 16-byte units).
@@ -263,7 +258,7 @@ extern "C" __global__ void CLUSTER __launch_bounds__(THREADS, 1) kiln_ternary_in
         }
         wgmma_wait<0>();
         fence_accumulators(acc);
-        asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");
+        role_sync<THREADS>();
 #if SPLITS > 1
         static_assert(ACC * MMA_THREADS * 4 <= STAGES * DY_TILE, "the split sums fit in the stages");
         if (gather_splits<MMA_THREADS>(acc, base, rank, SPLITS, threadIdx.x - MAKERS)) return;
@@ -273,7 +268,7 @@ extern "C" __global__ void CLUSTER __launch_bounds__(THREADS, 1) kiln_ternary_in
         // serializing the wgmmas: converting an accumulator register straight to 16 bits made it
         // report C7514 and wait after every MMA.)
         stage_pairs_transposed<TOKS / 8>(base, OUT_PITCH, c * 64 + warp * 16, lane, [&](int j, int h) { return kiln_out2(acc[4 * j + 2 * h] + 0.f, acc[4 * j + 2 * h + 1] + 0.f); });
-        asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");
+        role_sync<THREADS>();
     }
     store_tile<TOKS, COLS, THREADS>(dx, tile, OUT_PITCH, p.m, p.k, tok0, c0);
 }
