@@ -62,18 +62,37 @@ __device__ __forceinline__ void stage_transposed(out_t* tile, int pitch, int row
 // the tile's rows along MMA columns: lane l names the address of row `l % 8` of matrix `l / 8`.
 // One instruction where `stage_transposed` takes eight 2-byte stores (`tile` a shared address,
 // rows `pitch` elements apart, 16-byte aligned).
-template <int J, typename Pair>
-__device__ __forceinline__ void stage_pairs_transposed(unsigned tile, int pitch, int first, int lane, Pair pair) {
+template <int J, bool CHECKED, typename Pair, typename Redo>
+__device__ __forceinline__ void stage_pairs_transposed_impl(unsigned tile, int pitch, int first, int lane, Pair pair, Redo redo) {
     static_assert(J % 2 == 0, "pairs of column groups");
     const int q = lane / 8, i = lane % 8;
     #pragma unroll
     for (int j = 0; j < J; j += 2) {
         unsigned v[4];
+        bool bad = false;
         #pragma unroll
-        for (int m = 0; m < 4; ++m) v[m] = pair(j + m / 2, m % 2);
+        for (int m = 0; m < 4; ++m) v[m] = pair(j + m / 2, m % 2, bad);
+        if (CHECKED && __any_sync(0xffffffffu, bad)) {
+            #pragma unroll
+            for (int m = 0; m < 4; ++m) v[m] = redo(j + m / 2, m % 2);
+        }
         const unsigned address = tile + ((8 * (j + q / 2) + i) * pitch + first + 8 * (q % 2)) * 2;
         asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(address), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3]) : "memory");
     }
+}
+
+template <int J, typename Pair>
+__device__ __forceinline__ void stage_pairs_transposed(unsigned tile, int pitch, int first, int lane, Pair pair) {
+    stage_pairs_transposed_impl<J, false>(tile, pitch, first, lane, [&](int j, int h, bool&) { return pair(j, h); }, pair);
+}
+
+// `stage_pairs_transposed` where `pair(j, h, bad)` may leave a pair to `redo(j, h)` (setting
+// `bad`): a store's four pairs are redone together, by the whole warp, when any lane's needs it.
+// The slow path is one warp-uniform branch a store, which keeps the pairs' fast steps free to
+// overlap.
+template <int J, typename Pair, typename Redo>
+__device__ __forceinline__ void stage_pairs_transposed_checked(unsigned tile, int pitch, int first, int lane, Pair pair, Redo redo) {
+    stage_pairs_transposed_impl<J, true>(tile, pitch, first, lane, pair, redo);
 }
 #endif
 

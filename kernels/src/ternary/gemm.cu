@@ -99,15 +99,25 @@ __device__ __forceinline__ float quotient(int a, float d) {
 // each, the scale product's in the quotient included, and the quotient's own half step), so
 // where the f32 values 8 steps either side of it round to the same out_t, so does the quotient
 // (rounding is monotonic). Two multiplies and one paired conversion, where `quotient` takes f64
-// conversions and a reciprocal on the slow units. Returns false (the caller divides) where an
-// out_t rounding boundary is within reach, `p` is below the normal range, or values are not
-// finite: with random data about one element in 4000 (bf16) or 500 (f16). f32 outputs divide.
+// conversions and a reciprocal on the slow units. bf16 keeps an f32's high 16 bits, rounded to
+// nearest even, so there the test is on the low 16 bits alone: the 17 values lie on one side of
+// the tie 0x8000 unless those bits are within 8 of it (one subtraction and compare in place of
+// a second conversion: 0.6% of a tile, thirty-eighth session). Returns false (the caller divides)
+// where an out_t rounding boundary is within reach, `p` is below the normal range, or values are
+// not finite or near the top of the range: with random data about one element in 4000 (bf16) or
+// 500 (f16). f32 outputs divide.
 __device__ __forceinline__ bool scaled_fast(int a, float p, u32& out) {
-    const u32 bits = __float_as_uint((float)a * p);
+    const float f = (float)a * p;
+    const u32 bits = __float_as_uint(f);
+#if KILN_OUT_KIND == 2
+    out = kiln_out(f);
+    return (p >= 1.17549435e-38f) & ((bits & 0xffffu) - 0x7ff8u > 16u) & ((bits & 0x7fffffffu) < 0x7f7f0000u);
+#else
     // the out_t of the f32 8 steps below (low half) and above (high half)
     const u32 ends = kiln_out2(__uint_as_float(bits - 8), __uint_as_float(bits + 8));
     out = ends & 0xffffu;
-    return p >= 1.17549435e-38f && (ends >> 16) == out;
+    return (p >= 1.17549435e-38f) & ((ends >> 16) == out);
+#endif
 }
 #endif
 
@@ -195,25 +205,26 @@ __device__ __forceinline__ void expand(u32 base, int kb, u32 t) {
 
 #if KILN_OUT_KIND != 0
 // Stages a thread's sums, scaled, into the output tile `[TOKS][OUT_PITCH]` (`tile`, a shared
-// address) by `stage_pairs_transposed`: tokens `8j + 2t` and `+1` of weight row `row + 8h` make a
-// packed pair, each token's scale and code sum read once for both rows. A pair with an element
-// that `scaled_fast` cannot settle divides (both elements). Against `stage_transposed` (a 2-byte
-// store and the token's scale and sum read again for each element) this made the GEMM 8–19%
-// faster (`benches/RESULTS.md`, thirty-sixth session).
+// address) by `stage_pairs_transposed_checked`: tokens `8j + 2t` and `+1` of weight row `row + 8h`
+// make a packed pair, each token's scale and code sum read once for both rows. Against
+// `stage_transposed` (a 2-byte store and the token's scale and sum read again for each element)
+// this made the GEMM 8–19% faster (`benches/RESULTS.md`, thirty-sixth session). Where an element
+// of a store's four pairs is one `scaled_fast` cannot settle, the warp divides all of them: a
+// branch to the division at each pair, taken by single threads, kept ptxas from overlapping the
+// pairs' steps and cost 4% of the GEMM at 8192 × 11008 × 4096 (thirty-eighth session).
 __device__ __forceinline__ void stage_scaled(const int (&acc)[128], u32 tile, const Scales* scales, int c, int warp, int lane) {
     const int t = lane % 4, row = c * 64 + warp * 16 + lane / 4;  // c: the MMA warpgroup
     const float rw[2] = {scales->rw[row], scales->rw[row + 8]};
-    stage_pairs_transposed<TOKS / 8>(tile, OUT_PITCH, c * 64 + warp * 16, lane, [&](int j, int h) {
+    auto sums = [&](int j, int h, int e) { return acc[4 * j + 2 * h + e] - scales->sum[8 * j + 2 * t + e]; };
+    stage_pairs_transposed_checked<TOKS / 8>(tile, OUT_PITCH, c * 64 + warp * 16, lane, [&](int j, int h, bool& bad) {
         const int tok = 8 * j + 2 * t;
-        const int a0 = acc[4 * j + 2 * h] - scales->sum[tok], a1 = acc[4 * j + 2 * h + 1] - scales->sum[tok + 1];
         u32 lo, hi;
-        const bool ok = scaled_fast(a0, scales->rx[tok] * rw[h], lo) & scaled_fast(a1, scales->rx[tok + 1] * rw[h], hi);
-        if (!ok) {
-            const float sw = scales->w[row + 8 * h];
-            lo = kiln_out(quotient(a0, scales->x[tok] * sw));
-            hi = kiln_out(quotient(a1, scales->x[tok + 1] * sw));
-        }
+        bad |= !(scaled_fast(sums(j, h, 0), scales->rx[tok] * rw[h], lo) & scaled_fast(sums(j, h, 1), scales->rx[tok + 1] * rw[h], hi));
         return lo | (hi << 16);
+    }, [&](int j, int h) {
+        const int tok = 8 * j + 2 * t;
+        const float sw = scales->w[row + 8 * h];
+        return (u32)kiln_out(quotient(sums(j, h, 0), scales->x[tok] * sw)) | ((u32)kiln_out(quotient(sums(j, h, 1), scales->x[tok + 1] * sw)) << 16);
     });
 }
 #endif
