@@ -200,9 +200,24 @@ pub fn bench_input_grad(device: &CudaDevice) {
     }
 }
 
+/// Bytes in use in the device's memory pool once the queued work has run.
+fn bytes_in_use(device: &CudaDevice) -> f64 {
+    B::sync(device).unwrap();
+    let client = <CudaRuntime as cubecl::Runtime>::client(device);
+    client.memory_usage().map_or(f64::NAN, |u| u.bytes_in_use as f64)
+}
+
+/// The bytes a forward leaves in use until its backward (its output and what its graph saves),
+/// and the output.
+fn held_by<T>(device: &CudaDevice, forward: impl FnOnce() -> T) -> (f64, T) {
+    let before = bytes_in_use(device);
+    let out = forward();
+    (bytes_in_use(device) - before, out)
+}
+
 /// A QAT step of one linear (4096 tokens, 4096 → 11008, bf16): `bitlinear` forward + backward
-/// (both gradients) next to kiln's bf16 linear forward + backward, with the device memory each
-/// holds at the end of the step.
+/// (both gradients) next to kiln's bf16 linear forward + backward, and the device memory each
+/// forward holds for its backward (per layer, the step's memory that grows with depth).
 pub fn bench_qat_step(device: &CudaDevice) {
     type Ad = Autodiff<B>;
     let (m, n, k) = (4096, 11008, 4096);
@@ -218,6 +233,16 @@ pub fn bench_qat_step(device: &CudaDevice) {
         let grads = (ops::matmul(x.clone(), dense.clone()) * dy.clone()).sum().backward();
         (x.grad(&grads).unwrap(), dense.grad(&grads).unwrap())
     };
+    let (qat_held, y) = held_by(device, || ops::bitlinear(x.clone(), latent.clone(), n));
+    drop(y);
+    let (plain_held, y) = held_by(device, || ops::matmul(x.clone(), dense.clone()));
+    drop(y);
+    println!(
+        "bench ternary qat memory m{m} n{n} k{k}, held by the forward for the backward: kiln bitlinear {:.1} MB | kiln bf16 linear {:.1} MB (the output alone {:.1} MB)",
+        qat_held / 1e6,
+        plain_held / 1e6,
+        (2 * m * n) as f64 / 1e6
+    );
     let t = super::time_adaptive(device, 0.2, 50, qat);
     let bf = super::time_adaptive(device, 0.2, 50, plain);
     let flops = 3.0 * 2.0 * (m * k * n) as f64;

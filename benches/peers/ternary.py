@@ -5,7 +5,8 @@
     queued behind `torch.cuda._sleep`, CUDA events);
   * prefill products at M = 512, 2048, 8192 in bf16 and with `torch._int_mm` (i8 x i8 -> i32 on
     the integer tensor cores, the W2A8 product's ceiling without the 2-bit unpacking);
-  * a QAT training step's linear (4096 tokens, 4096 -> 11008) in bf16: forward + backward;
+  * a QAT training step's linear (4096 tokens, 4096 -> 11008) in bf16: forward + backward, and
+    the memory its forward holds for the backward;
   * BitNet's MLP gating relu(g)^2 * u at [16384, 6912] bf16, eager and torch.compile'd.
 Prints lines starting with `peer ternary`."""
 import os
@@ -77,6 +78,12 @@ def qat_step():
     x = torch.randn(m, k, device="cuda", dtype=bf, requires_grad=True)
     dy = torch.randn(m, n, device="cuda", dtype=bf)
     step = lambda: torch.autograd.grad((x @ w.t() * dy).sum(), [x, w])
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    y = x @ w.t()
+    held = torch.cuda.memory_allocated() - before  # the output and what autograd saves for the backward
+    del y
+    print(f"peer ternary qat memory m{m} n{n} k{k}, held by the bf16 forward for the backward: {held / 1e6:.1f} MB", flush=True)
     t = seconds(step, cap=50)
     print(f"peer ternary qat step m{m} n{n} k{k} bf16 linear fwd+bwd: {t * 1e3:.3f} ms "
           f"({3 * 2 * m * k * n / t / 1e12:.0f} TF/s)", flush=True)

@@ -9,12 +9,10 @@
 //! `cargo run --release -p kiln-models --features cuda --example qlora_step -- --batch 4 --seq 2048`
 //! (`--shape tiny --device cpu --dtype f32` for a smoke run).
 
-use std::time::Instant;
-
 use burn::backend::Autodiff;
 use burn::module::{AutodiffModule, Module};
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
-use burn::tensor::{ElementConversion, FloatDType, Int, Tensor, TensorData};
+use burn::tensor::{ElementConversion, FloatDType};
 use clap::Parser;
 use kiln::KilnBackend;
 use kiln::nn::{LinearLayer, LoraConfig};
@@ -22,8 +20,11 @@ use kiln_models::adapter::{LoraDecoder, Targets, add_lora};
 use kiln_models::loader::RandomInit;
 use kiln_models::model::build::build;
 use kiln_models::runtime::{OnBackend, dispatch};
-use kiln_models::train::LmBatch;
 use kiln_models::{DecoderConfig, Nf4Maker, build_with};
+
+#[path = "common/steps.rs"]
+mod common;
+use common::{timed_steps, token_batch};
 
 #[derive(Parser, Debug, Clone)]
 struct Args {
@@ -81,8 +82,8 @@ impl OnBackend for Args {
     }
 }
 
-/// `args.warmup` untimed and `args.steps` timed training steps; prints each timed step and the median.
-fn steps<B, L>(args: &Args, mut model: LoraDecoder<Autodiff<B>, L>, device: &B::Device)
+/// `args.warmup` untimed and `args.steps` timed training steps of the adapters.
+fn steps<B, L>(args: &Args, model: LoraDecoder<Autodiff<B>, L>, device: &B::Device)
 where
     B: KilnBackend,
     L: LinearLayer<Autodiff<B>> + AutodiffModule<Autodiff<B>> + 'static,
@@ -92,31 +93,14 @@ where
     println!("model: {} parameters, {trainable} trainable", model.num_params());
     let batch = token_batch::<Autodiff<B>>(args.batch, args.seq, model.config.vocab_size, device);
     let mut optim = AdamWConfig::new().with_weight_decay(0.0).init::<Autodiff<B>, LoraDecoder<Autodiff<B>, L>>();
-    let mut times = Vec::with_capacity(args.steps);
-    for step in 0..args.warmup + args.steps {
-        let start = Instant::now();
-        let loss = model.lm_loss(batch.clone()).loss;
-        let grads = GradientsParams::from_grads(loss.backward(), &model);
-        model = optim.step(1e-4, model, grads);
-        let value = loss.into_scalar().elem::<f64>();
-        let seconds = start.elapsed().as_secs_f64();
-        if step >= args.warmup {
-            println!("step {}: {:.2} ms, loss {value:.4}", step - args.warmup, seconds * 1e3);
-            times.push(seconds);
-        }
-    }
-    times.sort_by(f64::total_cmp);
-    if let Some(&median) = times.get(times.len() / 2) {
-        let tokens = (args.batch * args.seq) as f64;
-        println!("kiln qlora_step median {:.2} ms, {:.0} tokens/s", median * 1e3, tokens / median);
-    }
-}
-
-/// Inputs from a fixed pseudo-random sequence, each target the next input (as a causal LM trains).
-fn token_batch<B: KilnBackend>(batch: usize, seq: usize, vocab: usize, device: &B::Device) -> LmBatch<B> {
-    let ids: Vec<i64> = (0..batch * (seq + 1)).map(|i| ((i * 7919 + 13) % vocab) as i64).collect();
-    let all = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [batch, seq + 1]), device);
-    LmBatch { inputs: all.clone().narrow(1, 0, seq), targets: all.narrow(1, 1, seq), mask: None }
+    let mut model = Some(model);
+    timed_steps("qlora_step", args.warmup, args.steps, args.batch * args.seq, || {
+        let current = model.take().expect("the model between steps");
+        let loss = current.lm_loss(batch.clone()).loss;
+        let grads = GradientsParams::from_grads(loss.backward(), &current);
+        model = Some(optim.step(1e-4, current, grads));
+        loss.into_scalar().elem::<f64>()
+    });
 }
 
 fn main() {
