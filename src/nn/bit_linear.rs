@@ -34,7 +34,7 @@ impl BitLinearConfig {
         BitLinear {
             weight: self.initializer.init_with([o, i], Some(i), Some(o), device),
             bias: self.bias.then(|| self.initializer.init_with([o], Some(i), Some(o), device)),
-            norm: self.norm(device),
+            norm: self.norm(device, None),
             group: self.group_rows(),
         }
     }
@@ -43,8 +43,17 @@ impl BitLinearConfig {
         self.group.unwrap_or(self.d_output)
     }
 
-    fn norm<B: Backend>(&self, device: &B::Device) -> Option<RmsNorm<B>> {
-        self.input_norm.then(|| RmsNormConfig::new(self.d_input).with_epsilon(self.norm_epsilon).init(device))
+    /// The input norm (γ = 1) in `dtype`, else the backend's default float dtype. kiln's RMSNorm
+    /// takes x and γ in one dtype, so a layer taken over from a bf16 linear needs a bf16 γ (an f32
+    /// one failed the first bf16 QAT step of a whole model, thirty-eighth session).
+    fn norm<B: Backend>(&self, device: &B::Device, dtype: Option<DType>) -> Option<RmsNorm<B>> {
+        self.input_norm.then(|| {
+            let config = RmsNormConfig::new(self.d_input).with_epsilon(self.norm_epsilon);
+            match dtype {
+                Some(dtype) => config.init_with_dtype(device, dtype),
+                None => config.init(device),
+            }
+        })
     }
 }
 
@@ -64,7 +73,8 @@ pub struct BitLinear<B: Backend> {
 
 impl<B: TernaryBackend + RmsNormBackend> BitLinear<B> {
     /// Take over a float [`super::Linear`]'s weight (transposed to `[d_output, d_input]`) and
-    /// bias, with the rest from `config` (its sizes must match the layer's).
+    /// bias, with the rest from `config` (its sizes must match the layer's); the input norm's γ
+    /// in the weight's dtype.
     pub fn from_linear(linear: &super::Linear<B>, config: &BitLinearConfig) -> Self {
         let [i, o] = linear.weight.shape().dims();
         assert!(config.d_input == i && config.d_output == o, "kiln::BitLinear::from_linear: config [{}, {}] for a linear [{i}, {o}]", config.d_input, config.d_output);
@@ -73,7 +83,7 @@ impl<B: TernaryBackend + RmsNormBackend> BitLinear<B> {
         BitLinear {
             weight: Param::from_tensor(linear.weight.val().transpose().detach()),
             bias: linear.bias.clone(),
-            norm: config.norm(&device),
+            norm: config.norm(&device, Some(linear.weight.dtype())),
             group: config.group_rows(),
         }
     }

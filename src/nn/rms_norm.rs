@@ -1,6 +1,6 @@
 use burn::config::Config;
 use burn::module::{Module, Param};
-use burn::tensor::{Tensor, backend::Backend};
+use burn::tensor::{DType, Tensor, backend::Backend};
 
 use crate::ops::{self, rms_norm::RmsNormBackend};
 
@@ -19,6 +19,14 @@ impl RmsNormConfig {
     pub fn init<B: Backend>(&self, device: &B::Device) -> RmsNorm<B> {
         RmsNorm {
             weight: Param::from_tensor(Tensor::ones([self.d_model], device)),
+            epsilon: self.epsilon,
+        }
+    }
+
+    /// A norm with γ = 1 in `dtype` (the forward takes x in the same dtype).
+    pub fn init_with_dtype<B: Backend>(&self, device: &B::Device, dtype: DType) -> RmsNorm<B> {
+        RmsNorm {
+            weight: Param::from_tensor(Tensor::ones([self.d_model], (device, dtype))),
             epsilon: self.epsilon,
         }
     }
