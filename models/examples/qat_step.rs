@@ -13,7 +13,7 @@
 use burn::backend::Autodiff;
 use burn::module::{AutodiffModule, Module};
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
-use burn::tensor::{ElementConversion, FloatDType};
+use burn::tensor::ElementConversion;
 use clap::Parser;
 use kiln::KilnBackend;
 use kiln::nn::LinearLayer;
@@ -25,7 +25,7 @@ use kiln_models::{BitNetOptions, DecoderConfig, to_bitnet};
 
 #[path = "common/steps.rs"]
 mod common;
-use common::{timed_steps, token_batch};
+use common::{StepArgs, timed_steps, token_batch};
 
 #[derive(Parser, Debug, Clone)]
 struct Args {
@@ -36,21 +36,11 @@ struct Args {
     batch: usize,
     #[arg(long, default_value_t = 2048)]
     seq: usize,
-    /// Untimed steps first (kernel compilation, autotuning, memory pools).
-    #[arg(long, default_value_t = 3)]
-    warmup: usize,
-    /// Timed steps.
-    #[arg(long, default_value_t = 6)]
-    steps: usize,
     /// Train the float model (the comparison) instead of its BitNet QAT form.
     #[arg(long)]
     float: bool,
-    /// bf16 (default) or f32 (the CPU backend has no bf16).
-    #[arg(long, default_value = "bf16")]
-    dtype: String,
-    /// auto, cuda, wgpu or cpu.
-    #[arg(long, default_value = "auto")]
-    device: String,
+    #[command(flatten)]
+    run: StepArgs,
 }
 
 impl OnBackend for Args {
@@ -62,7 +52,7 @@ impl OnBackend for Args {
             std::process::exit(2);
         };
         let config = config.with_max_positions(self.seq);
-        let dtype = if self.dtype == "f32" { FloatDType::F32 } else { FloatDType::BF16 };
+        let dtype = self.run.float_dtype();
         let mut weights = RandomInit { std: 0.02, dtype };
         let kind = if self.float { "float linears" } else { "BitNet b1.58 QAT linears (BitLinear)" };
         println!("qat_step {} on {name}, {dtype:?}: {kind}, AdamW on every parameter, batch {} x {}", self.shape, self.batch, self.seq);
@@ -80,7 +70,7 @@ impl OnBackend for Args {
     }
 }
 
-/// `args.warmup` untimed and `args.steps` timed training steps of the whole model.
+/// `args.run.warmup` untimed and `args.run.steps` timed training steps of the whole model.
 fn steps<B, L>(args: &Args, model: Decoder<Autodiff<B>, L>, device: &B::Device)
 where
     B: KilnBackend,
@@ -92,7 +82,7 @@ where
     let mut optim = AdamWConfig::new().with_weight_decay(0.0).init::<Autodiff<B>, Decoder<Autodiff<B>, L>>();
     let label = if args.float { "qat_step (float)" } else { "qat_step (BitNet QAT)" };
     let mut model = Some(model);
-    timed_steps(label, args.warmup, args.steps, args.batch * args.seq, || {
+    timed_steps(label, args.run.warmup, args.run.steps, args.batch * args.seq, || {
         let current = model.take().expect("the model between steps");
         let loss = current.lm_loss(batch.clone()).loss;
         let grads = GradientsParams::from_grads(loss.backward(), &current);
@@ -103,7 +93,7 @@ where
 
 fn main() {
     let args = Args::parse();
-    if let Err(message) = dispatch(&args.device.clone(), args) {
+    if let Err(message) = dispatch(&args.run.device.clone(), args) {
         eprintln!("qat_step: {message}");
         std::process::exit(2);
     }

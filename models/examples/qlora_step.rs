@@ -12,7 +12,7 @@
 use burn::backend::Autodiff;
 use burn::module::{AutodiffModule, Module};
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
-use burn::tensor::{ElementConversion, FloatDType};
+use burn::tensor::ElementConversion;
 use clap::Parser;
 use kiln::KilnBackend;
 use kiln::nn::{LinearLayer, LoraConfig};
@@ -24,7 +24,7 @@ use kiln_models::{DecoderConfig, Nf4Maker, build_with};
 
 #[path = "common/steps.rs"]
 mod common;
-use common::{timed_steps, token_batch};
+use common::{StepArgs, timed_steps, token_batch};
 
 #[derive(Parser, Debug, Clone)]
 struct Args {
@@ -39,21 +39,11 @@ struct Args {
     rank: usize,
     #[arg(long, default_value_t = 32.0)]
     alpha: f64,
-    /// Untimed steps first (kernel compilation, autotuning, memory pools).
-    #[arg(long, default_value_t = 3)]
-    warmup: usize,
-    /// Timed steps.
-    #[arg(long, default_value_t = 6)]
-    steps: usize,
     /// Keep the base in float (LoRA) instead of NF4 (QLoRA).
     #[arg(long)]
     float: bool,
-    /// bf16 (default) or f32 (the CPU backend has no bf16).
-    #[arg(long, default_value = "bf16")]
-    dtype: String,
-    /// auto, cuda, wgpu or cpu.
-    #[arg(long, default_value = "auto")]
-    device: String,
+    #[command(flatten)]
+    run: StepArgs,
 }
 
 impl OnBackend for Args {
@@ -65,7 +55,7 @@ impl OnBackend for Args {
             std::process::exit(2);
         };
         let config = config.with_max_positions(self.seq);
-        let dtype = if self.dtype == "f32" { FloatDType::F32 } else { FloatDType::BF16 };
+        let dtype = self.run.float_dtype();
         let mut weights = RandomInit { std: 0.02, dtype };
         let lora = LoraConfig::new().with_rank(self.rank).with_alpha(self.alpha);
         let base = if self.float { "float" } else { "NF4 (block 64, double quantization)" };
@@ -82,7 +72,7 @@ impl OnBackend for Args {
     }
 }
 
-/// `args.warmup` untimed and `args.steps` timed training steps of the adapters.
+/// `args.run.warmup` untimed and `args.run.steps` timed training steps of the adapters.
 fn steps<B, L>(args: &Args, model: LoraDecoder<Autodiff<B>, L>, device: &B::Device)
 where
     B: KilnBackend,
@@ -94,7 +84,7 @@ where
     let batch = token_batch::<Autodiff<B>>(args.batch, args.seq, model.config.vocab_size, device);
     let mut optim = AdamWConfig::new().with_weight_decay(0.0).init::<Autodiff<B>, LoraDecoder<Autodiff<B>, L>>();
     let mut model = Some(model);
-    timed_steps("qlora_step", args.warmup, args.steps, args.batch * args.seq, || {
+    timed_steps("qlora_step", args.run.warmup, args.run.steps, args.batch * args.seq, || {
         let current = model.take().expect("the model between steps");
         let loss = current.lm_loss(batch.clone()).loss;
         let grads = GradientsParams::from_grads(loss.backward(), &current);
@@ -105,7 +95,7 @@ where
 
 fn main() {
     let args = Args::parse();
-    if let Err(message) = dispatch(&args.device.clone(), args) {
+    if let Err(message) = dispatch(&args.run.device.clone(), args) {
         eprintln!("qlora_step: {message}");
         std::process::exit(2);
     }

@@ -3,9 +3,32 @@
 
 use std::time::Instant;
 
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{FloatDType, Int, Tensor, TensorData};
 use kiln::KilnBackend;
 use kiln_models::train::LmBatch;
+
+/// The arguments every training-step example takes besides its model and batch.
+#[derive(clap::Args, Debug, Clone)]
+pub struct StepArgs {
+    /// Untimed steps first (kernel compilation, autotuning, memory pools).
+    #[arg(long, default_value_t = 3)]
+    pub warmup: usize,
+    /// Timed steps.
+    #[arg(long, default_value_t = 6)]
+    pub steps: usize,
+    /// bf16 (default) or f32 (the CPU backend has no bf16).
+    #[arg(long, default_value = "bf16")]
+    pub dtype: String,
+    /// auto, cuda, wgpu or cpu.
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+}
+
+impl StepArgs {
+    pub fn float_dtype(&self) -> FloatDType {
+        if self.dtype == "f32" { FloatDType::F32 } else { FloatDType::BF16 }
+    }
+}
 
 /// Inputs from a fixed pseudo-random sequence, each target the next input (as a causal LM trains).
 pub fn token_batch<B: KilnBackend>(batch: usize, seq: usize, vocab: usize, device: &B::Device) -> LmBatch<B> {
