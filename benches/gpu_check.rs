@@ -360,6 +360,13 @@ fn time_adaptive<T>(device: &CudaDevice, target: f64, max_iters: usize, mut f: i
 }
 
 /// A bf16 tensor of N(0, 1) values.
+/// Bytes in use in the device's memory pool once the queued work has run.
+fn bytes_in_use(device: &CudaDevice) -> f64 {
+    B::sync(device).unwrap();
+    let client = <cubecl::cuda::CudaRuntime as cubecl::Runtime>::client(device);
+    client.memory_usage().map_or(f64::NAN, |u| u.bytes_in_use as f64)
+}
+
 fn bf16<BK: Backend<Device = CudaDevice>, const D: usize>(shape: [usize; D], device: &CudaDevice) -> Tensor<BK, D> {
     Tensor::<BK, D>::random(shape, Distribution::Normal(0.0, 1.0), device).cast(DType::BF16)
 }
@@ -475,10 +482,7 @@ fn bench_attention(device: &CudaDevice, quick: bool, forward_only: bool) {
         return;
     }
     // Memory held after the forward under autodiff (what the backward keeps), 16k tokens, 2 heads.
-    let in_use = || {
-        B::sync(device).unwrap();
-        client.memory_usage().map(|u| u.bytes_in_use as f64 / 1e9).unwrap_or(f64::NAN)
-    };
+    let in_use = || bytes_in_use(device) / 1e9;
     let (heads, seq, d) = (2, 16384, 128);
     let inputs: Vec<Tensor<Ad, 4>> = (0..3).map(|_| Tensor::from_inner(rand([1, heads, seq, d], device)).require_grad()).collect();
     let base = in_use();

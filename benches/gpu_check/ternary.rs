@@ -12,7 +12,7 @@ use cubecl::cuda::CudaRuntime;
 use kiln::ops::{self, ternary::{TernaryBackend, TernaryWeight}};
 
 use super::common::ternary::{check_gradients, check_kernels, shape};
-use super::{B, bf16};
+use super::{B, bf16, bytes_in_use};
 
 type Cube = CubeBackend<CudaRuntime, f32, i32, u8>;
 
@@ -200,13 +200,6 @@ pub fn bench_input_grad(device: &CudaDevice) {
     }
 }
 
-/// Bytes in use in the device's memory pool once the queued work has run.
-fn bytes_in_use(device: &CudaDevice) -> f64 {
-    B::sync(device).unwrap();
-    let client = <CudaRuntime as cubecl::Runtime>::client(device);
-    client.memory_usage().map_or(f64::NAN, |u| u.bytes_in_use as f64)
-}
-
 /// The bytes a forward leaves in use until its backward (its output and what its graph saves),
 /// and the output.
 fn held_by<T>(device: &CudaDevice, forward: impl FnOnce() -> T) -> (f64, T) {
@@ -215,45 +208,56 @@ fn held_by<T>(device: &CudaDevice, forward: impl FnOnce() -> T) -> (f64, T) {
     (bytes_in_use(device) - before, out)
 }
 
-/// A QAT step of one linear (4096 tokens, 4096 → 11008, bf16): `bitlinear` forward + backward
-/// (both gradients) next to kiln's bf16 linear forward + backward, and the device memory each
-/// forward holds for its backward (per layer, the step's memory that grows with depth).
+/// QAT linears `(n, k)`: the 4096 → 11008, then each linear of a Llama-3.2-1B layer (q and
+/// o, k and v, gate and up, down), the shapes of the whole-model step that `qat_step` times.
+const QAT: [(usize, usize); 5] = [(11008, 4096), (2048, 2048), (512, 2048), (8192, 2048), (2048, 8192)];
+
+/// A QAT step of one linear at each [`QAT`] shape (4096 tokens, bf16): `bitlinear` forward and
+/// forward + backward (both gradients), the same after BitLinear's input RMSNorm (γ trained too),
+/// next to kiln's bf16 linear; and the device memory each forward holds for its backward (per
+/// layer, the step's memory that grows with depth). Where a whole model's QAT step loses to its
+/// float form, these rows say which part of the layer it is.
 pub fn bench_qat_step(device: &CudaDevice) {
     type Ad = Autodiff<B>;
-    let (m, n, k) = (4096, 11008, 4096);
-    let x = bf16::<Ad, 2>([m, k], device).require_grad();
-    let latent = bf16::<Ad, 2>([n, k], device).require_grad();
-    let dense = bf16::<Ad, 2>([k, n], device).require_grad();
-    let dy = bf16::<Ad, 2>([m, n], device);
-    let qat = || {
-        let grads = (ops::bitlinear(x.clone(), latent.clone(), n) * dy.clone()).sum().backward();
-        (x.grad(&grads).unwrap(), latent.grad(&grads).unwrap())
-    };
-    let plain = || {
-        let grads = (ops::matmul(x.clone(), dense.clone()) * dy.clone()).sum().backward();
-        (x.grad(&grads).unwrap(), dense.grad(&grads).unwrap())
-    };
-    let (qat_held, y) = held_by(device, || ops::bitlinear(x.clone(), latent.clone(), n));
-    drop(y);
-    let (plain_held, y) = held_by(device, || ops::matmul(x.clone(), dense.clone()));
-    drop(y);
-    println!(
-        "bench ternary qat memory m{m} n{n} k{k}, held by the forward for the backward: kiln bitlinear {:.1} MB | kiln bf16 linear {:.1} MB (the output alone {:.1} MB)",
-        qat_held / 1e6,
-        plain_held / 1e6,
-        (2 * m * n) as f64 / 1e6
-    );
-    let t = super::time_adaptive(device, 0.2, 50, qat);
-    let bf = super::time_adaptive(device, 0.2, 50, plain);
-    let flops = 3.0 * 2.0 * (m * k * n) as f64;
-    println!(
-        "bench ternary qat step m{m} n{n} k{k} fwd+bwd: kiln bitlinear {:.3} ms ({:.0} TF/s) | kiln bf16 linear {:.3} ms ({:.0} TF/s) | bitlinear/bf16 {:.2}x the time",
-        t * 1e3,
-        flops / t / 1e12,
-        bf * 1e3,
-        flops / bf / 1e12,
-        t / bf
-    );
+    let m = 4096;
+    for (n, k) in QAT {
+        let x = bf16::<Ad, 2>([m, k], device).require_grad();
+        let gamma = bf16::<Ad, 1>([k], device).require_grad();
+        let latent = bf16::<Ad, 2>([n, k], device).require_grad();
+        let dense = bf16::<Ad, 2>([k, n], device).require_grad();
+        let dy = bf16::<Ad, 2>([m, n], device);
+        let normed = || ops::rms_norm(x.clone(), gamma.clone(), 1e-6);
+        let step = |y: Tensor<Ad, 2>, weight: &Tensor<Ad, 2>| {
+            let grads = (y * dy.clone()).sum().backward();
+            (x.grad(&grads).unwrap(), weight.grad(&grads).unwrap())
+        };
+        let (qat_held, y) = held_by(device, || ops::bitlinear(x.clone(), latent.clone(), n));
+        drop(y);
+        let (plain_held, y) = held_by(device, || ops::matmul(x.clone(), dense.clone()));
+        drop(y);
+        let time = |f: &mut dyn FnMut()| super::time_adaptive(device, 0.2, 50, f);
+        let qat_fwd = time(&mut || drop(ops::bitlinear(x.clone(), latent.clone(), n)));
+        let plain_fwd = time(&mut || drop(ops::matmul(x.clone(), dense.clone())));
+        let qat = time(&mut || drop(step(ops::bitlinear(x.clone(), latent.clone(), n), &latent)));
+        let plain = time(&mut || drop(step(ops::matmul(x.clone(), dense.clone()), &dense)));
+        let normed_qat = time(&mut || drop(step(ops::bitlinear(normed(), latent.clone(), n), &latent)));
+        let flops = 3.0 * 2.0 * (m * k * n) as f64;
+        println!(
+            "bench ternary qat m{m} n{n:<5} k{k:<5} fwd+bwd: bitlinear {:.3} ms ({:.0} TF/s) | bf16 linear {:.3} ms ({:.0} TF/s) | bitlinear/bf16 {:.2}x the time | with the input norm {:.3} ms ({:.2}x) | fwd alone {:.3} / {:.3} ms | held for the backward {:.1} / {:.1} MB (output {:.1} MB)",
+            qat * 1e3,
+            flops / qat / 1e12,
+            plain * 1e3,
+            flops / plain / 1e12,
+            qat / plain,
+            normed_qat * 1e3,
+            normed_qat / plain,
+            qat_fwd * 1e3,
+            plain_fwd * 1e3,
+            qat_held / 1e6,
+            plain_held / 1e6,
+            (2 * m * n) as f64 / 1e6
+        );
+    }
 }
 
 /// BitNet's MLP gating (`max(g, 0)² · u`, BitNet b1.58 2B's 6912 features, 16384 tokens, bf16):

@@ -12,20 +12,17 @@
 
 use burn::backend::Autodiff;
 use burn::module::{AutodiffModule, Module};
-use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
-use burn::tensor::ElementConversion;
 use clap::Parser;
 use kiln::KilnBackend;
 use kiln::nn::LinearLayer;
-use kiln_models::loader::RandomInit;
 use kiln_models::model::Decoder;
 use kiln_models::model::build::build;
 use kiln_models::runtime::{OnBackend, dispatch};
-use kiln_models::{BitNetOptions, DecoderConfig, to_bitnet};
+use kiln_models::{BitNetOptions, to_bitnet};
 
 #[path = "common/steps.rs"]
 mod common;
-use common::{StepArgs, timed_steps, token_batch};
+use common::{StepArgs, exit_on_error, preset, train_steps};
 
 #[derive(Parser, Debug, Clone)]
 struct Args {
@@ -47,15 +44,9 @@ impl OnBackend for Args {
     type Output = ();
 
     fn run<B: KilnBackend>(self, device: B::Device, name: &str) {
-        let Some(config) = DecoderConfig::preset(&self.shape) else {
-            eprintln!("qat_step: unknown --shape {} (qwen2.5-0.5b, llama3.2-1b, bitnet-2b, tiny)", self.shape);
-            std::process::exit(2);
-        };
-        let config = config.with_max_positions(self.seq);
-        let dtype = self.run.float_dtype();
-        let mut weights = RandomInit { std: 0.02, dtype };
+        let (config, mut weights) = preset("qat_step", &self.shape, self.seq, &self.run);
         let kind = if self.float { "float linears" } else { "BitNet b1.58 QAT linears (BitLinear)" };
-        println!("qat_step {} on {name}, {dtype:?}: {kind}, AdamW on every parameter, batch {} x {}", self.shape, self.batch, self.seq);
+        println!("qat_step {} on {name}, {:?}: {kind}, AdamW on every parameter, batch {} x {}", self.shape, weights.dtype, self.batch, self.seq);
         let result = build::<Autodiff<B>, _, _>(&config, &mut weights, &device, |_, l| l).map(|model| {
             if self.float {
                 steps(&self, model, &device)
@@ -63,14 +54,11 @@ impl OnBackend for Args {
                 steps(&self, to_bitnet(model, BitNetOptions::default()), &device)
             }
         });
-        if let Err(e) = result {
-            eprintln!("qat_step: {e}");
-            std::process::exit(1);
-        }
+        exit_on_error("qat_step", result);
     }
 }
 
-/// `args.run.warmup` untimed and `args.run.steps` timed training steps of the whole model.
+/// The whole model's training steps, every parameter trainable.
 fn steps<B, L>(args: &Args, model: Decoder<Autodiff<B>, L>, device: &B::Device)
 where
     B: KilnBackend,
@@ -78,17 +66,8 @@ where
     L::InnerModule: LinearLayer<B>,
 {
     println!("model: {} parameters, all trainable", model.num_params());
-    let batch = token_batch::<Autodiff<B>>(args.batch, args.seq, model.config.vocab_size, device);
-    let mut optim = AdamWConfig::new().with_weight_decay(0.0).init::<Autodiff<B>, Decoder<Autodiff<B>, L>>();
     let label = if args.float { "qat_step (float)" } else { "qat_step (BitNet QAT)" };
-    let mut model = Some(model);
-    timed_steps(label, args.run.warmup, args.run.steps, args.batch * args.seq, || {
-        let current = model.take().expect("the model between steps");
-        let loss = current.lm_loss(batch.clone()).loss;
-        let grads = GradientsParams::from_grads(loss.backward(), &current);
-        model = Some(optim.step(1e-4, current, grads));
-        loss.into_scalar().elem::<f64>()
-    });
+    train_steps(label, &args.run, [args.batch, args.seq], model, device);
 }
 
 fn main() {

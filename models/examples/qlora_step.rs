@@ -11,20 +11,17 @@
 
 use burn::backend::Autodiff;
 use burn::module::{AutodiffModule, Module};
-use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
-use burn::tensor::ElementConversion;
 use clap::Parser;
 use kiln::KilnBackend;
 use kiln::nn::{LinearLayer, LoraConfig};
 use kiln_models::adapter::{LoraDecoder, Targets, add_lora};
-use kiln_models::loader::RandomInit;
 use kiln_models::model::build::build;
 use kiln_models::runtime::{OnBackend, dispatch};
-use kiln_models::{DecoderConfig, Nf4Maker, build_with};
+use kiln_models::{Nf4Maker, build_with};
 
 #[path = "common/steps.rs"]
 mod common;
-use common::{StepArgs, timed_steps, token_batch};
+use common::{StepArgs, exit_on_error, preset, train_steps};
 
 #[derive(Parser, Debug, Clone)]
 struct Args {
@@ -50,29 +47,20 @@ impl OnBackend for Args {
     type Output = ();
 
     fn run<B: KilnBackend>(self, device: B::Device, name: &str) {
-        let Some(config) = DecoderConfig::preset(&self.shape) else {
-            eprintln!("qlora_step: unknown --shape {} (qwen2.5-0.5b, llama3.2-1b, tiny)", self.shape);
-            std::process::exit(2);
-        };
-        let config = config.with_max_positions(self.seq);
-        let dtype = self.run.float_dtype();
-        let mut weights = RandomInit { std: 0.02, dtype };
+        let (config, mut weights) = preset("qlora_step", &self.shape, self.seq, &self.run);
         let lora = LoraConfig::new().with_rank(self.rank).with_alpha(self.alpha);
         let base = if self.float { "float" } else { "NF4 (block 64, double quantization)" };
-        println!("qlora_step {} on {name}, {dtype:?}: {} base, LoRA r {} alpha {} on all linears, batch {} x {}", self.shape, base, self.rank, self.alpha, self.batch, self.seq);
+        println!("qlora_step {} on {name}, {:?}: {} base, LoRA r {} alpha {} on all linears, batch {} x {}", self.shape, weights.dtype, base, self.rank, self.alpha, self.batch, self.seq);
         let result = if self.float {
             build::<Autodiff<B>, _, _>(&config, &mut weights, &device, |_, l| l).map(|m| steps(&self, add_lora(m, &lora, &Targets::AllLinear), &device))
         } else {
             build_with::<Autodiff<B>, _, _>(&config, &mut weights, &device, &mut Nf4Maker::default()).map(|m| steps(&self, add_lora(m, &lora, &Targets::AllLinear), &device))
         };
-        if let Err(e) = result {
-            eprintln!("qlora_step: {e}");
-            std::process::exit(1);
-        }
+        exit_on_error("qlora_step", result);
     }
 }
 
-/// `args.run.warmup` untimed and `args.run.steps` timed training steps of the adapters.
+/// The adapters' training steps (the base frozen).
 fn steps<B, L>(args: &Args, model: LoraDecoder<Autodiff<B>, L>, device: &B::Device)
 where
     B: KilnBackend,
@@ -81,16 +69,7 @@ where
 {
     let trainable: usize = model.linears().iter().filter_map(|(_, l)| l.adapter.as_ref()).map(|a| a.num_params()).sum();
     println!("model: {} parameters, {trainable} trainable", model.num_params());
-    let batch = token_batch::<Autodiff<B>>(args.batch, args.seq, model.config.vocab_size, device);
-    let mut optim = AdamWConfig::new().with_weight_decay(0.0).init::<Autodiff<B>, LoraDecoder<Autodiff<B>, L>>();
-    let mut model = Some(model);
-    timed_steps("qlora_step", args.run.warmup, args.run.steps, args.batch * args.seq, || {
-        let current = model.take().expect("the model between steps");
-        let loss = current.lm_loss(batch.clone()).loss;
-        let grads = GradientsParams::from_grads(loss.backward(), &current);
-        model = Some(optim.step(1e-4, current, grads));
-        loss.into_scalar().elem::<f64>()
-    });
+    train_steps("qlora_step", &args.run, [args.batch, args.seq], model, device);
 }
 
 fn main() {
