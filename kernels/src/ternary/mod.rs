@@ -94,6 +94,54 @@ fn quantize_weight_kernel<F: Float>(
     words[w] = word;
 }
 
+/// Each weight row's `Σ|w|` in f32, `N` values a load (`N` divides `k`): the first pass of the
+/// absmean scales, read in the weight's own dtype. One row per cube, its units striding along it
+/// (grid rows past `n` only join the reduction).
+#[cube(launch_unchecked)]
+fn weight_abs_sums_kernel<F: Float, N: Size>(weight: &Array<Vector<F, N>>, sums: &mut Array<f32>, n: usize, k: usize, #[comptime] layout: RowLayout, #[define(F)] _dtype: StorageType) {
+    let row = row_index(layout);
+    let vectors = k / N::value();
+    let mut local = 0.0f32;
+    if row < n {
+        let base = row * vectors;
+        let mut j = UNIT_POS_X as usize;
+        while j < vectors {
+            let v = Vector::<f32, N>::cast_from(weight[base + j]);
+            #[unroll]
+            for e in 0..N::value() {
+                local += v[e].abs();
+            }
+            j += layout.units_per_row;
+        }
+    }
+    let total = row_sum(local, layout);
+    if row < n && UNIT_POS_X == 0 {
+        sums[row] = total;
+    }
+}
+
+/// Each group's scale `1 / max(mean|w|, ε)` from its rows' sums (the last group may be short):
+/// one group per cube, its units striding over the group's rows.
+#[cube(launch_unchecked)]
+fn weight_group_scales_kernel(row_sums: &Array<f32>, scales: &mut Array<f32>, n: usize, k: usize, group: usize, epsilon: f32, #[comptime] layout: RowLayout) {
+    let g = row_index(layout);
+    let first = g * group;
+    let mut rows = 0;
+    if first < n {
+        rows = group.min(n - first);
+    }
+    let mut local = 0.0f32;
+    let mut r = UNIT_POS_X as usize;
+    while r < rows {
+        local += row_sums[first + r];
+        r += layout.units_per_row;
+    }
+    let total = row_sum(local, layout);
+    if rows > 0 && UNIT_POS_X == 0 {
+        scales[g] = 1.0f32 / (total / f32::cast_from(rows * k)).max(epsilon);
+    }
+}
+
 /// The int8 scale `127 / max(max|x|, 1e-5)` of the row of `vectors` vectors starting at vector
 /// `base`, every unit of the row taking part (one row per cube).
 #[cube]
@@ -202,14 +250,17 @@ fn quantize_acts_packed_kernel<F: Float, N: Size, W: Size>(
     }
 }
 
-/// One cube per activation row: its scale and its int8 codes as floats in `F` (for a GEMM), `N`
-/// values a load and store (`N` divides `k`).
+/// One cube per activation row: its scale and its int8 codes as floats in `F` (for a GEMM), or
+/// with `dequantized` the values `q / s` they stand for; `N` values a load and store (`N`
+/// divides `k`).
 #[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
 fn quantize_acts_float_kernel<F: Float, N: Size>(
     x: &Array<Vector<F, N>>,
     codes: &mut Array<Vector<F, N>>,
     scales: &mut Array<f32>,
     k: usize,
+    #[comptime] dequantized: bool,
     #[comptime] layout: RowLayout,
     #[define(F)] _dtype: StorageType,
 ) {
@@ -224,6 +275,9 @@ fn quantize_acts_float_kernel<F: Float, N: Size>(
         #[unroll]
         for e in 0..N::value() {
             out[e] = act_code(values[e], s);
+            if comptime!(dequantized) {
+                out[e] /= s;
+            }
         }
         codes[base + j] = Vector::cast_from(out);
         j += layout.units_per_row;
@@ -385,6 +439,26 @@ fn gemv_kernel<F: Float, N: Size>(
     }
 }
 
+/// BitNet's absmean scales of a row-major float weight `[n, k]`: `scales[g] = 1 / max(mean |w|, ε)`
+/// over each group of `group` output rows, the sums in f32 (`row_sums`: scratch of `n` f32s,
+/// written by the first launch, read by the second). Two small launches that read the weight
+/// once in its own dtype.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_weight_scales<R: Runtime>(client: &ComputeClient<R>, dtype: StorageType, n: usize, k: usize, group: usize, epsilon: f32, weight: ArrayArg<R>, row_sums: &cubecl::server::Handle, scales: ArrayArg<R>) {
+    if n == 0 {
+        return;
+    }
+    let vector = crate::row::vector_size_for(client, k, dtype.size(), 16);
+    let layout = act_layout(client);
+    // SAFETY: `weight` is `[n, k]` and `N` divides `k`; `row_sums` holds `n` f32s and `scales`
+    // one per group; rows and groups past the end only join their cube's reduction.
+    unsafe {
+        let sums = || ArrayArg::from_raw_parts(row_sums.clone(), n);
+        weight_abs_sums_kernel::launch_unchecked::<R>(client, layout.cube_count(client, n), layout.cube_dim(), vector, weight, sums(), n, k, layout, dtype);
+        weight_group_scales_kernel::launch_unchecked::<R>(client, layout.cube_count(client, n.div_ceil(group)), layout.cube_dim(), sums(), scales, n, k, group, epsilon, layout);
+    }
+}
+
 /// Pack a row-major float weight `[n, k]` with per-group scales `scales` (one per `group` rows)
 /// into `words` (`n · row_words`, `row_words` = `k` padded to 64, over 16).
 #[allow(clippy::too_many_arguments)]
@@ -440,6 +514,9 @@ pub enum ActCodes<R: Runtime> {
     Tiled { words: ArrayArg<R>, sums: ArrayArg<R> },
     /// `[m, k]` in the input's dtype.
     Float(ArrayArg<R>),
+    /// The quantized values `q / s` `[m, k]` in the input's dtype (the f32 quotient rounded
+    /// once), as a float GEMM takes the activations for the latent weight's gradient.
+    Dequantized(ArrayArg<R>),
 }
 
 /// Quantize `m` activation rows of `k` values: per-row scales into `scales` and the codes.
@@ -452,6 +529,7 @@ pub fn launch_quantize_acts<R: Runtime>(client: &ComputeClient<R>, dtype: Storag
     // SAFETY: `x` is `[m, k]`, `scales` `[m]`, the codes sized as `ActCodes` documents; every
     // index stays below `k` or the row's words, and rows past `m` (of the packed kernel's last
     // cube) read and write nothing.
+    let dequantized = matches!(codes, ActCodes::Dequantized(_));
     unsafe {
         match codes {
             ActCodes::Packed { words, sums } => {
@@ -464,11 +542,11 @@ pub fn launch_quantize_acts<R: Runtime>(client: &ComputeClient<R>, dtype: Storag
                 let (count, dim, layout) = quad_geometry(client, m, row_quads);
                 quantize_acts_packed_kernel::launch_unchecked::<R>(client, count, dim, vector, 4, x, words, scales, sums, k, row_quads, m, 16 / vector, true, layout, dtype)
             }
-            ActCodes::Float(codes) => {
+            ActCodes::Float(codes) | ActCodes::Dequantized(codes) => {
                 // One cube per row: the grid has exactly `m` cubes.
                 let layout = act_layout(client);
                 let (count, dim) = (CubeCount::Static(m as u32, 1, 1), layout.cube_dim());
-                quantize_acts_float_kernel::launch_unchecked::<R>(client, count, dim, vector, x, codes, scales, k, layout, dtype)
+                quantize_acts_float_kernel::launch_unchecked::<R>(client, count, dim, vector, x, codes, scales, k, dequantized, layout, dtype)
             }
         }
     }

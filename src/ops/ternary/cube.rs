@@ -7,10 +7,10 @@
 
 use burn::tensor::{DType, Shape, Tensor, TensorMetadata, ops::FloatTensor};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement, tensor::CubeTensor};
-use kiln_kernels::ternary::{ActCodes, GEMV_MAX_ROWS, TILE_BLOCK, launch_dequantize, launch_gemv, launch_quantize_acts, launch_quantize_weight};
+use kiln_kernels::ternary::{ActCodes, GEMV_MAX_ROWS, TILE_BLOCK, launch_dequantize, launch_gemv, launch_quantize_acts, launch_quantize_weight, launch_weight_scales};
 
-use super::format::act_row_words;
-use super::{TernaryBackend, TernaryLayout, TernaryParts, TernaryPrimitive, reference};
+use super::format::{WEIGHT_EPS, act_row_words};
+use super::{TernaryBackend, TernaryLayout, TernaryParts, TernaryPrimitive};
 use crate::backend::cube::{dense, dense_f32, dense_words, empty_like_device, storage};
 use crate::ops::matmul::{GemmLayout, GemmViews, MatmulBackend};
 use crate::ops::{prim, wrap};
@@ -22,20 +22,14 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> TernaryBac
         let weight = dense(weight);
         let shape = weight.shape();
         let layout = TernaryLayout::new(shape[0], shape[1], group).unwrap_or_else(|e| panic!("{e}"));
-        let f32_weight: Tensor<Self, 2> = wrap(dense_f32::<R, F, I, BT>(weight.clone()));
-        let scales = dense(prim(reference::weight_scales(f32_weight, layout)));
+        let client = weight.client.clone();
+        let scales = empty_like_device(&weight, [layout.groups()], DType::F32);
+        let row_sums = empty_like_device(&weight, [layout.n], DType::F32);
         let words = empty_like_device(&weight, [layout.words()], DType::I32);
-        launch_quantize_weight(
-            &weight.client.clone(),
-            storage(&weight),
-            layout.k,
-            layout.row_words(),
-            layout.group,
-            layout.words(),
-            weight.into_array_arg(),
-            scales.clone().into_array_arg(),
-            words.clone().into_array_arg(),
-        );
+        let dtype = storage(&weight);
+        let weight_arg = || weight.clone().into_array_arg();
+        launch_weight_scales(&client, dtype, layout.n, layout.k, layout.group, WEIGHT_EPS, weight_arg(), &row_sums.handle, scales.clone().into_array_arg());
+        launch_quantize_weight(&client, dtype, layout.k, layout.row_words(), layout.group, layout.words(), weight_arg(), scales.clone().into_array_arg(), words.clone().into_array_arg());
         TernaryParts { words, scales, layout }
     }
 
@@ -90,12 +84,20 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> TernaryBac
     fn ternary_weight_grad(dy: FloatTensor<Self>, x: FloatTensor<Self>) -> FloatTensor<Self> {
         let ([m, n], k) = (dims(&dy), x.shape()[1]);
         let dtype = dy.dtype;
-        let (codes, sx) = Self::ternary_quantize_acts(x);
-        let x_tilde: Tensor<Self, 2> = wrap::<Self, 2>(codes).cast(burn::tensor::FloatDType::F32) / wrap::<Self, 1>(sx).reshape([m, 1]);
-        let x_tilde = prim(x_tilde.cast(dtype));
+        let x_tilde = prim(wrap::<Self, 2>(fake_quantize_acts(dense(x))).cast(dtype));
         let views = GemmViews::new(Shape::new([1, m, n]), Shape::new([1, m, k]), Shape::new([n, k]), GemmLayout::new(true, false));
         Self::gemm(dy, x_tilde, None, None, views)
     }
+}
+
+/// `x [m, k]` replaced by the values its int8 codes stand for (`q / s` per row, in `x`'s dtype):
+/// one kernel, where codes, a cast, a division and a cast back took four passes.
+fn fake_quantize_acts<R: CubeRuntime>(x: CubeTensor<R>) -> CubeTensor<R> {
+    let [m, k] = dims(&x);
+    let x_tilde = empty_like_device(&x, [m, k], x.dtype);
+    let scales = empty_like_device(&x, [m], DType::F32);
+    launch_quantize_acts(&x.client.clone(), storage(&x), m, k, x.into_array_arg(), scales.into_array_arg(), ActCodes::Dequantized(x_tilde.clone().into_array_arg()));
+    x_tilde
 }
 
 fn dims<R: CubeRuntime>(t: &CubeTensor<R>) -> [usize; 2] {
