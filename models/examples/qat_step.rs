@@ -36,6 +36,10 @@ struct Args {
     /// Train the float model (the comparison) instead of its BitNet QAT form.
     #[arg(long)]
     float: bool,
+    /// BitLinears without their own input RMSNorm (as HF's `BitNetForCausalLM`, whose sub-norms
+    /// sit in the decoder instead).
+    #[arg(long)]
+    no_input_norm: bool,
     #[command(flatten)]
     run: StepArgs,
 }
@@ -45,13 +49,18 @@ impl OnBackend for Args {
 
     fn run<B: KilnBackend>(self, device: B::Device, name: &str) {
         let (config, mut weights) = preset("qat_step", &self.shape, self.seq, &self.run);
-        let kind = if self.float { "float linears" } else { "BitNet b1.58 QAT linears (BitLinear)" };
+        let kind = match (self.float, self.no_input_norm) {
+            (true, _) => "float linears",
+            (false, false) => "BitNet b1.58 QAT linears (BitLinear)",
+            (false, true) => "BitNet b1.58 QAT linears (BitLinear) without their input norms",
+        };
         println!("qat_step {} on {name}, {:?}: {kind}, AdamW on every parameter, batch {} x {}", self.shape, weights.dtype, self.batch, self.seq);
         let result = build::<Autodiff<B>, _, _>(&config, &mut weights, &device, |_, l| l).map(|model| {
             if self.float {
                 steps(&self, model, &device)
             } else {
-                steps(&self, to_bitnet(model, BitNetOptions::default()), &device)
+                let options = BitNetOptions { input_norm: !self.no_input_norm, ..BitNetOptions::default() };
+                steps(&self, to_bitnet(model, options), &device)
             }
         });
         exit_on_error("qat_step", result);
