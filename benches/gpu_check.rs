@@ -359,7 +359,6 @@ fn time_adaptive<T>(device: &CudaDevice, target: f64, max_iters: usize, mut f: i
     time_samples(device, 0, 3, iters, f)
 }
 
-/// A bf16 tensor of N(0, 1) values.
 /// Bytes in use in the device's memory pool once the queued work has run.
 fn bytes_in_use(device: &CudaDevice) -> f64 {
     B::sync(device).unwrap();
@@ -367,6 +366,7 @@ fn bytes_in_use(device: &CudaDevice) -> f64 {
     client.memory_usage().map_or(f64::NAN, |u| u.bytes_in_use as f64)
 }
 
+/// A bf16 tensor of N(0, 1) values.
 fn bf16<BK: Backend<Device = CudaDevice>, const D: usize>(shape: [usize; D], device: &CudaDevice) -> Tensor<BK, D> {
     Tensor::<BK, D>::random(shape, Distribution::Normal(0.0, 1.0), device).cast(DType::BF16)
 }

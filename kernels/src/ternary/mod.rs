@@ -479,7 +479,8 @@ pub fn launch_quantize_weight<R: Runtime>(
     unsafe { quantize_weight_kernel::launch_unchecked::<R>(client, count, dim, weight, scales, words, k, row_words, group, total_words, dtype) }
 }
 
-/// The float codes kernel's layout: one row per cube, up to 256 units striding over it. A single
+/// The layout of the float codes kernel and the weight-scale kernels: one row (or group) per
+/// cube, up to 256 units striding over it. A single
 /// row (decoding) is one cube whose time is latency, not bandwidth: 5 µs on the H100 for a row of
 /// 3200 at 256 units, 6.2 µs at 1024 (`benches/RESULTS.md`, twenty-third session); on CUDA the
 /// GEMV of one row does this itself (`dp4a::launch_gemv_fused`).
