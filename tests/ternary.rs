@@ -9,14 +9,17 @@ use burn::module::{AutodiffModule, Module};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
 use burn::tensor::{DType, Tensor, TensorData};
-use common::ternary::{Shape, check_gradients, check_kernels, shape};
+use common::ternary::{Shape, check_gradients, check_kernels, check_normed, shape};
 use kiln::nn::{BitLinear, BitLinearConfig, LinearLayer, TernaryLinear};
-use kiln::ops::ternary::{TernaryLayout, TernaryMatrix, TernaryWeight, bitlinear, ternary_matmul};
+use kiln::ops::ternary::{TernaryLayout, TernaryMatrix, TernaryWeight, bitlinear, bitlinear_normed, ternary_matmul};
 
 /// GEMV rows (1, 3, 8: the kernel's limit) and GEMM rows (17), ragged `k` (not a multiple of 16,
 /// 64 or 128), odd `n`, per-tensor, per-channel and ragged groups.
 const SHAPES: [Shape; 5] = [shape(1, 33, 70, 33), shape(3, 64, 128, 16), shape(8, 17, 300, 1), shape(17, 40, 65, 40), shape(5, 21, 1000, 8)];
 const GRAD_SHAPES: [Shape; 3] = [shape(3, 24, 70, 24), shape(17, 9, 130, 2), shape(2, 5, 33, 1)];
+/// The input norm inside the quantization: a GEMV shape (the norm's own kernel first) and GEMM
+/// shapes (the norm in the activation kernel), ragged `k`.
+const NORM_SHAPES: [Shape; 3] = [shape(3, 24, 70, 24), shape(17, 9, 130, 2), shape(33, 16, 200, 16)];
 
 #[test]
 fn kernels_agree_with_host_format_on_wgpu() {
@@ -40,6 +43,18 @@ fn straight_through_gradients_on_wgpu() {
 #[test]
 fn straight_through_gradients_on_ndarray() {
     check_gradients::<Autodiff<NdArray>>(&Default::default(), DType::F32, 0.0, &GRAD_SHAPES);
+}
+
+#[test]
+fn input_norm_inside_quantization_on_wgpu() {
+    let Some(device) = common::wgpu_device() else { return };
+    check_normed::<Autodiff<burn::backend::Wgpu>>(&device, DType::F32, 0.0, &NORM_SHAPES);
+    check_normed::<Autodiff<burn::backend::Wgpu>>(&device, DType::F16, 0.0, &NORM_SHAPES[1..]);
+}
+
+#[test]
+fn input_norm_inside_quantization_on_ndarray() {
+    check_normed::<Autodiff<NdArray>>(&Default::default(), DType::F32, 0.0, &NORM_SHAPES);
 }
 
 /// A teacher with ternary weights and a student `BitLinear` (no input norm) starting from noise:
@@ -108,8 +123,11 @@ fn bad_inputs_are_named() {
     let x: Tensor<NdArray, 2> = Tensor::zeros([2, 5], &device);
     let msg = common::panic_message(|| ternary_matmul(x.clone(), &weight));
     assert!(msg.contains("ternary_matmul") && msg.contains("[2, 5]") && msg.contains("[3, 4]"), "{msg}");
-    let msg = common::panic_message(|| bitlinear(x, w, 3));
+    let msg = common::panic_message(|| bitlinear(x.clone(), w.clone(), 3));
     assert!(msg.contains("bitlinear"), "{msg}");
+    let x: Tensor<NdArray, 2> = Tensor::zeros([2, 4], &device);
+    let msg = common::panic_message(|| bitlinear_normed(x, Tensor::ones([5], &device), 1e-6, w, 3));
+    assert!(msg.contains("bitlinear_normed") && msg.contains("gamma has shape [5]") && msg.contains("[4]"), "{msg}");
     assert!(TernaryMatrix::from_hf(&[0xff; 4], 4, 4, 1.0).unwrap_err().0.contains("code 3"));
     assert!(TernaryMatrix::from_hf(&[0; 3], 4, 4, 1.0).unwrap_err().0.contains("HF packed weight has 3"));
 }

@@ -11,7 +11,7 @@ use burn_cubecl::CubeBackend;
 use cubecl::cuda::CudaRuntime;
 use kiln::ops::{self, ternary::{TernaryBackend, TernaryWeight}};
 
-use super::common::ternary::{check_gradients, check_kernels, shape};
+use super::common::ternary::{check_gradients, check_kernels, check_normed, shape};
 use super::{B, bf16, bytes_in_use};
 
 type Cube = CubeBackend<CudaRuntime, f32, i32, u8>;
@@ -63,6 +63,13 @@ pub fn parity(device: &CudaDevice) -> bool {
         let tf32 = if dtype == DType::F32 { 2f64.powi(-11) } else { 0.0 };
         let pass = std::panic::catch_unwind(|| check_gradients::<Autodiff<B>>(device, dtype, tf32, &grads)).is_ok();
         println!("parity ternary straight-through gradients {dtype:?}: {} ({:.1} s)", verdict(pass), start.elapsed().as_secs_f64());
+        ok &= pass;
+        let start = Instant::now();
+        // BitLinear's input norm inside the quantization: one row (the norm's kernel, then the
+        // fused `dp4a` GEMV), 5 rows, and the wgmma GEMM (ragged 300 × [1001, 2600], 512 rows).
+        let normed = [shape(1, 515, 2000, 515), shape(5, 37, 200, 37), shape(300, 1001, 2600, 7), shape(512, 640, 2048, 640)];
+        let pass = std::panic::catch_unwind(|| check_normed::<Autodiff<B>>(device, dtype, tf32, &normed)).is_ok();
+        println!("parity ternary input norm inside the quantization {dtype:?} (rstd, products exact, gradients of x, gamma, W): {} ({:.1} s)", verdict(pass), start.elapsed().as_secs_f64());
         ok &= pass;
     }
     ok
@@ -213,9 +220,10 @@ fn held_by<T>(device: &CudaDevice, forward: impl FnOnce() -> T) -> (f64, T) {
 const QAT: [(usize, usize); 5] = [(11008, 4096), (2048, 2048), (512, 2048), (8192, 2048), (2048, 8192)];
 
 /// A QAT step of one linear at each [`QAT`] shape (4096 tokens, bf16): `bitlinear` forward and
-/// forward + backward (both gradients), the same after BitLinear's input RMSNorm (γ trained too),
-/// next to kiln's bf16 linear; and the device memory each forward holds for its backward (per
-/// layer, the step's memory that grows with depth). Where a whole model's QAT step loses to its
+/// forward + backward (both gradients), the same with BitLinear's input RMSNorm (γ trained too)
+/// as its own op before `bitlinear` and inside the quantization (`bitlinear_normed`), next to
+/// kiln's bf16 linear; and the device memory each forward holds for its backward (per layer, the
+/// step's memory that grows with depth). Where a whole model's QAT step loses to its
 /// float form, these rows say which part of the layer it is.
 pub fn bench_qat_step(device: &CudaDevice) {
     type Ad = Autodiff<B>;
@@ -235,15 +243,20 @@ pub fn bench_qat_step(device: &CudaDevice) {
         drop(y);
         let (plain_held, y) = held_by(device, || ops::matmul(x.clone(), dense.clone()));
         drop(y);
+        let (separate_held, y) = held_by(device, || ops::bitlinear(normed(), latent.clone(), n));
+        drop(y);
+        let (fused_held, y) = held_by(device, || ops::bitlinear_normed(x.clone(), gamma.clone(), 1e-6, latent.clone(), n));
+        drop(y);
         let time = |f: &mut dyn FnMut()| super::time_adaptive(device, 0.2, 50, f);
         let qat_fwd = time(&mut || drop(ops::bitlinear(x.clone(), latent.clone(), n)));
         let plain_fwd = time(&mut || drop(ops::matmul(x.clone(), dense.clone())));
         let qat = time(&mut || drop(step(ops::bitlinear(x.clone(), latent.clone(), n), &latent)));
         let plain = time(&mut || drop(step(ops::matmul(x.clone(), dense.clone()), &dense)));
         let normed_qat = time(&mut || drop(step(ops::bitlinear(normed(), latent.clone(), n), &latent)));
+        let fused_qat = time(&mut || drop(step(ops::bitlinear_normed(x.clone(), gamma.clone(), 1e-6, latent.clone(), n), &latent)));
         let flops = 3.0 * 2.0 * (m * k * n) as f64;
         println!(
-            "bench ternary qat m{m} n{n:<5} k{k:<5} fwd+bwd: bitlinear {:.3} ms ({:.0} TF/s) | bf16 linear {:.3} ms ({:.0} TF/s) | bitlinear/bf16 {:.2}x the time | with the input norm {:.3} ms ({:.2}x) | fwd alone {:.3} / {:.3} ms | held for the backward {:.1} / {:.1} MB (output {:.1} MB)",
+            "bench ternary qat m{m} n{n:<5} k{k:<5} fwd+bwd: bitlinear {:.3} ms ({:.0} TF/s) | bf16 linear {:.3} ms ({:.0} TF/s) | bitlinear/bf16 {:.2}x the time | with the input norm: separate {:.3} ms ({:.2}x), fused {:.3} ms ({:.2}x) | fwd alone {:.3} / {:.3} ms | held for the backward {:.1} / {:.1} MB, with the norm separate {:.1} / fused {:.1} MB (output {:.1} MB)",
             qat * 1e3,
             flops / qat / 1e12,
             plain * 1e3,
@@ -251,10 +264,14 @@ pub fn bench_qat_step(device: &CudaDevice) {
             qat / plain,
             normed_qat * 1e3,
             normed_qat / plain,
+            fused_qat * 1e3,
+            fused_qat / plain,
             qat_fwd * 1e3,
             plain_fwd * 1e3,
             qat_held / 1e6,
             plain_held / 1e6,
+            separate_held / 1e6,
+            fused_held / 1e6,
             (2 * m * n) as f64 / 1e6
         );
     }

@@ -4,7 +4,7 @@ use burn::tensor::{DType, Tensor, backend::Backend};
 
 use super::{LinearLayer, RmsNorm, RmsNormConfig, frozen, int_param};
 use crate::ops::rms_norm::RmsNormBackend;
-use crate::ops::ternary::{TernaryBackend, TernaryLayout, TernaryMatrix, TernaryParts, TernaryWeight, bitlinear, ternary_matmul};
+use crate::ops::ternary::{TernaryBackend, TernaryLayout, TernaryMatrix, TernaryParts, TernaryWeight, bitlinear, bitlinear_normed, ternary_matmul, ternary_matmul_normed};
 
 /// Configuration of [`BitLinear`]. The defaults are BitNet b1.58's: no bias, one weight scale
 /// per tensor, an RMSNorm on the input before its 8-bit quantization.
@@ -89,14 +89,15 @@ impl<B: TernaryBackend + RmsNormBackend> BitLinear<B> {
     }
 
     /// `quant(norm(x)) · quant(W)ᵀ + b` over the last axis; the output has the dtype of `x`
-    /// (the latent weight is cast to it).
+    /// (the latent weight is cast to it). The norm runs inside the activations' quantization
+    /// ([`bitlinear_normed`]): its output is neither written nor saved for the backward.
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        let x = match &self.norm {
-            Some(norm) => norm.forward(x),
-            None => x,
+        let weight = self.weight.val().cast(x.dtype());
+        let y = match &self.norm {
+            Some(norm) => bitlinear_normed(x, norm.weight.val(), norm.epsilon, weight, self.group),
+            None => bitlinear(x, weight, self.group),
         };
-        let dtype = x.dtype();
-        add_bias(bitlinear(x, self.weight.val().cast(dtype), self.group), &self.bias)
+        add_bias(y, &self.bias)
     }
 
     /// The packed inference layer: the weight quantized once, bias and norm kept.
@@ -145,13 +146,14 @@ impl<B: Backend> TernaryLinear<B> {
 }
 
 impl<B: TernaryBackend + RmsNormBackend> TernaryLinear<B> {
-    /// `W2A8(norm(x)) + b` over the last axis (any float dtype; the output has it too).
+    /// `W2A8(norm(x)) + b` over the last axis (any float dtype; the output has it too), the norm
+    /// inside the activations' quantization ([`ternary_matmul_normed`]).
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        let x = match &self.norm {
-            Some(norm) => norm.forward(x),
-            None => x,
+        let y = match &self.norm {
+            Some(norm) => ternary_matmul_normed(x, norm.weight.val(), norm.epsilon, &self.weight()),
+            None => ternary_matmul(x, &self.weight()),
         };
-        add_bias(ternary_matmul(x, &self.weight()), &self.bias)
+        add_bias(y, &self.bias)
     }
 }
 

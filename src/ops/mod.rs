@@ -23,7 +23,7 @@ pub use rms_norm::{rms_norm, rms_norm_residual};
 pub use rms_norm_rope::rms_norm_rope;
 pub use rope::{RopeTable, rope};
 pub use swiglu::{geglu, glu, relu2_glu, swiglu};
-pub use ternary::{bitlinear, ternary_matmul};
+pub use ternary::{bitlinear, bitlinear_normed, ternary_matmul, ternary_matmul_normed};
 
 use burn::tensor::{Tensor, TensorPrimitive, backend::Backend, ops::FloatTensor};
 

@@ -7,15 +7,29 @@
 
 use burn::tensor::{DType, Shape, Tensor, TensorMetadata, ops::FloatTensor};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement, tensor::CubeTensor};
-use kiln_kernels::ternary::{ActCodes, GEMV_MAX_ROWS, TILE_BLOCK, launch_dequantize, launch_gemv, launch_quantize_acts, launch_quantize_weight, launch_weight_scales};
+use kiln_kernels::ternary::{ActCodes, ActNorm, GEMV_MAX_ROWS, TILE_BLOCK, launch_dequantize, launch_gemv, launch_quantize_acts, launch_quantize_weight, launch_weight_scales};
 
 use super::format::{WEIGHT_EPS, act_row_words};
-use super::{TernaryBackend, TernaryLayout, TernaryParts, TernaryPrimitive};
+use super::{RowNorm, TernaryBackend, TernaryLayout, TernaryParts, TernaryPrimitive};
+use crate::ops::rms_norm::RmsNormBackend;
 use crate::backend::cube::{dense, dense_f32, dense_words, empty_like_device, storage};
 use crate::ops::matmul::{GemmLayout, GemmViews, MatmulBackend};
 use crate::ops::{prim, wrap};
 
 type Weight<R> = TernaryParts<CubeTensor<R>, CubeTensor<R>>;
+
+/// An input norm for the activation kernels to apply: `γ` `[k]` and the `rstd` `[m]` they write.
+struct Norm<R: CubeRuntime> {
+    gamma: CubeTensor<R>,
+    rstd: CubeTensor<R>,
+    epsilon: f32,
+}
+
+impl<R: CubeRuntime> Norm<R> {
+    fn arg(&self) -> ActNorm<R> {
+        ActNorm::Compute { gamma: self.gamma.clone().into_array_arg(), rstd: self.rstd.clone().into_array_arg(), epsilon: self.epsilon }
+    }
+}
 
 impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> TernaryBackend for CubeBackend<R, F, I, BT> {
     fn ternary_quantize(weight: FloatTensor<Self>, group: usize) -> TernaryPrimitive<Self> {
@@ -42,30 +56,30 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> TernaryBac
         let [m, k] = dims(&x);
         let codes = empty_like_device(&x, [m, k], x.dtype);
         let scales = empty_like_device(&x, [m], DType::F32);
-        launch_quantize_acts(&x.client.clone(), storage(&x), m, k, x.into_array_arg(), scales.clone().into_array_arg(), ActCodes::Float(codes.clone().into_array_arg()));
+        launch_quantize_acts(&x.client.clone(), storage(&x), m, k, x.into_array_arg(), scales.clone().into_array_arg(), ActCodes::Float(codes.clone().into_array_arg()), None);
         (codes, scales)
     }
 
     fn ternary_matmul(x: FloatTensor<Self>, weight: TernaryPrimitive<Self>) -> FloatTensor<Self> {
         let (x, weight) = (dense(x), dense_parts::<R, F, I, BT>(weight));
-        let [m, k] = dims(&x);
-        if (1..=GEMV_MAX_ROWS).contains(&m) {
+        if (1..=GEMV_MAX_ROWS).contains(&dims(&x)[0]) {
             return gemv::<R>(x, &weight);
         }
-        #[cfg(feature = "cuda")]
-        if let Some(y) = wgmma::matmul(&x, &weight).or_else(|| int8::matmul(&x, &weight)) {
-            return y;
+        product::<R, F, I, BT>(x, weight, None)
+    }
+
+    fn ternary_matmul_normed(x: FloatTensor<Self>, gamma: FloatTensor<Self>, epsilon: f64, weight: TernaryPrimitive<Self>) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let x = dense(x);
+        let [m, k] = dims(&x);
+        if m <= GEMV_MAX_ROWS || k == 0 {
+            // Decoding's few rows: the norm's own kernel, then the GEMV (one `dp4a` kernel for one
+            // row, which quantizes in the same launch).
+            let normed = Self::rms_norm_forward(x, gamma, None, epsilon);
+            return (Self::ternary_matmul(normed.output, weight), normed.rstd);
         }
-        // Codes in x's dtype (exact: |q| ≤ 128), their integer sums by the GEMM, then the scales.
-        let l = weight.layout;
-        let (codes, sx) = Self::ternary_quantize_acts(x.clone());
-        let w = dequantize::<R>(weight.clone(), x.dtype, true);
-        let views = GemmViews::new(Shape::new([1, m, k]), Shape::new([1, l.n, k]), Shape::new([m, l.n]), GemmLayout::new(false, true));
-        let acc: Tensor<Self, 2> = wrap(Self::gemm(codes, w, None, None, views));
-        let sx: Tensor<Self, 1> = wrap(sx);
-        let sw = row_scales::<R, F, I, BT>(weight.scales, l);
-        let scale = sx.reshape([m, 1]) * sw.reshape([1, l.n]);
-        prim((acc.cast(burn::tensor::FloatDType::F32) / scale).cast(x.dtype))
+        let norm = Norm { gamma: dense(gamma), rstd: empty_like_device(&x, [m], DType::F32), epsilon: epsilon as f32 };
+        let y = product::<R, F, I, BT>(x, dense_parts::<R, F, I, BT>(weight), Some(&norm));
+        (y, norm.rstd)
     }
 
     fn ternary_input_grad(dy: FloatTensor<Self>, weight: TernaryPrimitive<Self>) -> FloatTensor<Self> {
@@ -81,22 +95,45 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> TernaryBac
         Self::gemm(dy, w, None, None, views)
     }
 
-    fn ternary_weight_grad(dy: FloatTensor<Self>, x: FloatTensor<Self>) -> FloatTensor<Self> {
+    fn ternary_weight_grad(dy: FloatTensor<Self>, x: FloatTensor<Self>, norm: Option<RowNorm<FloatTensor<Self>>>) -> FloatTensor<Self> {
         let ([m, n], k) = (dims(&dy), x.shape()[1]);
         let dtype = dy.dtype;
-        let x_tilde = prim(wrap::<Self, 2>(fake_quantize_acts(dense(x))).cast(dtype));
+        let x_tilde = prim(wrap::<Self, 2>(fake_quantize_acts(dense(x), norm.map(|n| n.map(dense)))).cast(dtype));
         let views = GemmViews::new(Shape::new([1, m, n]), Shape::new([1, m, k]), Shape::new([n, k]), GemmLayout::new(true, false));
         Self::gemm(dy, x_tilde, None, None, views)
     }
 }
 
-/// `x [m, k]` replaced by the values its int8 codes stand for (`q / s` per row, in `x`'s dtype):
-/// one kernel, where codes, a cast, a division and a cast back took four passes.
-fn fake_quantize_acts<R: CubeRuntime>(x: CubeTensor<R>) -> CubeTensor<R> {
+/// The product of more rows than the GEMV takes, `x` normalized by `norm` in the kernel that
+/// quantizes it: on CUDA the Hopper GEMM or cuBLASLt's int8 one; elsewhere the codes in x's
+/// dtype (exact: |q| ≤ 128), their integer sums by kiln's GEMM, then the scales.
+fn product<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(x: CubeTensor<R>, weight: Weight<R>, norm: Option<&Norm<R>>) -> CubeTensor<R> {
+    #[cfg(feature = "cuda")]
+    if let Some(y) = wgmma::matmul(&x, &weight, norm).or_else(|| int8::matmul(&x, &weight, norm)) {
+        return y;
+    }
+    let ([m, k], l) = (dims(&x), weight.layout);
+    let codes = empty_like_device(&x, [m, k], x.dtype);
+    let sx = empty_like_device(&x, [m], DType::F32);
+    launch_quantize_acts(&x.client.clone(), storage(&x), m, k, x.clone().into_array_arg(), sx.clone().into_array_arg(), ActCodes::Float(codes.clone().into_array_arg()), norm.map(Norm::arg));
+    let w = dequantize::<R>(weight.clone(), x.dtype, true);
+    let views = GemmViews::new(Shape::new([1, m, k]), Shape::new([1, l.n, k]), Shape::new([m, l.n]), GemmLayout::new(false, true));
+    let acc: Tensor<CubeBackend<R, F, I, BT>, 2> = wrap(CubeBackend::<R, F, I, BT>::gemm(codes, w, None, None, views));
+    let sx: Tensor<CubeBackend<R, F, I, BT>, 1> = wrap(sx);
+    let sw = row_scales::<R, F, I, BT>(weight.scales, l);
+    let scale = sx.reshape([m, 1]) * sw.reshape([1, l.n]);
+    prim((acc.cast(burn::tensor::FloatDType::F32) / scale).cast(x.dtype))
+}
+
+/// `x [m, k]` (normalized by `norm`, if given) replaced by the values its int8 codes stand for
+/// (`q / s` per row, in `x`'s dtype): one kernel, where codes, a cast, a division and a cast back
+/// took four passes (and the normalized rows a saved tensor of their own).
+fn fake_quantize_acts<R: CubeRuntime>(x: CubeTensor<R>, norm: Option<RowNorm<CubeTensor<R>>>) -> CubeTensor<R> {
     let [m, k] = dims(&x);
     let x_tilde = empty_like_device(&x, [m, k], x.dtype);
     let scales = empty_like_device(&x, [m], DType::F32);
-    launch_quantize_acts(&x.client.clone(), storage(&x), m, k, x.into_array_arg(), scales.into_array_arg(), ActCodes::Dequantized(x_tilde.clone().into_array_arg()));
+    let norm = norm.map(|n| ActNorm::Given { gamma: n.gamma.into_array_arg(), rstd: n.rstd.into_array_arg() });
+    launch_quantize_acts(&x.client.clone(), storage(&x), m, k, x.into_array_arg(), scales.into_array_arg(), ActCodes::Dequantized(x_tilde.clone().into_array_arg()), norm);
     x_tilde
 }
 
@@ -134,10 +171,10 @@ fn dequantize<R: CubeRuntime>(weight: Weight<R>, dtype: DType, unscaled: bool) -
     out
 }
 
-/// Activation rows `[m, k]` quantized to int8 codes packed four a word, with their f32 scales and
-/// code sums `[m]`: an i8 matrix `[m, act_row_words]` with rows padded to 64, or with `tiled`
-/// the Hopper GEMM's layout ([`ActCodes::Tiled`]).
-fn packed_acts<R: CubeRuntime>(x: &CubeTensor<R>, tiled: bool) -> [CubeTensor<R>; 3] {
+/// Activation rows `[m, k]` (normalized by `norm`, if given) quantized to int8 codes packed four
+/// a word, with their f32 scales and code sums `[m]`: an i8 matrix `[m, act_row_words]` with rows
+/// padded to 64, or with `tiled` the Hopper GEMM's layout ([`ActCodes::Tiled`]).
+fn packed_acts<R: CubeRuntime>(x: &CubeTensor<R>, tiled: bool, norm: Option<&Norm<R>>) -> [CubeTensor<R>; 3] {
     let [m, k] = dims(x);
     let row_words = if tiled { k.div_ceil(TILE_BLOCK) * TILE_BLOCK / 4 } else { act_row_words(k) };
     let words = empty_like_device(x, [m * row_words], DType::I32);
@@ -145,7 +182,7 @@ fn packed_acts<R: CubeRuntime>(x: &CubeTensor<R>, tiled: bool) -> [CubeTensor<R>
     let sums = empty_like_device(x, [m], DType::F32);
     let (words_arg, sums_arg) = (words.clone().into_array_arg(), sums.clone().into_array_arg());
     let codes = if tiled { ActCodes::Tiled { words: words_arg, sums: sums_arg } } else { ActCodes::Packed { words: words_arg, sums: sums_arg } };
-    launch_quantize_acts(&x.client.clone(), storage(x), m, k, x.clone().into_array_arg(), scales.clone().into_array_arg(), codes);
+    launch_quantize_acts(&x.client.clone(), storage(x), m, k, x.clone().into_array_arg(), scales.clone().into_array_arg(), codes, norm.map(Norm::arg));
     [words, scales, sums]
 }
 
@@ -164,7 +201,7 @@ fn gemv<R: CubeRuntime>(x: CubeTensor<R>, weight: &Weight<R>) -> CubeTensor<R> {
     }
     // The code sums serve the `dp4a` kernel only.
     #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
-    let [words, scales, sums] = packed_acts(&x, false);
+    let [words, scales, sums] = packed_acts(&x, false, None);
     #[cfg(feature = "cuda")]
     if dp4a::gemv(&x, m, weight, [&words, &scales, &sums], &out) {
         return out;
@@ -194,18 +231,18 @@ mod wgmma {
     use kiln_kernels::ternary::wgmma::{GradArgs, grad_serves, launch_gemm, launch_input_grad, serves};
 
     use super::dp4a::{float_kind, packed_args};
-    use super::{Weight, dims, packed_acts};
+    use super::{Norm, Weight, dims, packed_acts};
     use crate::backend::cube::cuda::{self, binding};
     use crate::backend::cube::empty_like_device;
 
-    pub(super) fn matmul<R: CubeRuntime>(x: &CubeTensor<R>, weight: &Weight<R>) -> Option<CubeTensor<R>> {
+    pub(super) fn matmul<R: CubeRuntime>(x: &CubeTensor<R>, weight: &Weight<R>, norm: Option<&Norm<R>>) -> Option<CubeTensor<R>> {
         let client = cuda::client(x)?;
         let kind = float_kind(x.dtype)?;
         let ([m, k], l) = (dims(x), weight.layout);
         if !serves(m, l.n, k) || cuda::compute_capability(cuda::device_index(x)?)? != (9, 0) {
             return None;
         }
-        let [words, scales, sums] = packed_acts(x, true);
+        let [words, scales, sums] = packed_acts(x, true, norm);
         let out = empty_like_device(x, [m, l.n], x.dtype);
         launch_gemm(client, kind, m, l.n, k, l.group, packed_args([&words, &scales, &sums], weight, &out));
         Some(out)
@@ -238,7 +275,7 @@ mod int8 {
     use burn_cubecl::{CubeRuntime, tensor::CubeTensor};
     use kiln_kernels::ternary::{launch_rescale, launch_unpack_i8};
 
-    use super::{Weight, dims, packed_acts};
+    use super::{Norm, Weight, dims, packed_acts};
     use crate::backend::cube::{empty_like_device, storage};
     use crate::ops::matmul::gemm_i8;
 
@@ -247,13 +284,13 @@ mod int8 {
         CubeTensor::new_contiguous(words.client.clone(), words.device.clone(), Shape::new([1, rows, cols]), words.handle.clone(), DType::I8)
     }
 
-    pub(super) fn matmul<R: CubeRuntime>(x: &CubeTensor<R>, weight: &Weight<R>) -> Option<CubeTensor<R>> {
+    pub(super) fn matmul<R: CubeRuntime>(x: &CubeTensor<R>, weight: &Weight<R>, norm: Option<&Norm<R>>) -> Option<CubeTensor<R>> {
         crate::backend::cube::cuda::client(x)?;
         let [m, _] = dims(x);
         let l = weight.layout;
         let padded = l.padded_k();
         let client = x.client.clone();
-        let [words, scales, _] = packed_acts(x, false);
+        let [words, scales, _] = packed_acts(x, false, norm);
         let w8 = empty_like_device(x, [l.n * padded / 4], DType::I32);
         launch_unpack_i8(&client, l.words(), weight.words.clone().into_array_arg(), w8.clone().into_array_arg());
         let acc = empty_like_device(x, [1, m, l.n], DType::I32);

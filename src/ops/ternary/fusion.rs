@@ -4,7 +4,7 @@
 use burn::tensor::{DType, Shape, TensorMetadata, ops::{FloatTensor, IntTensor}};
 use burn_fusion::{Fusion, FusionBackend};
 
-use super::{TernaryBackend, TernaryLayout, TernaryParts, TernaryPrimitive};
+use super::{RowNorm, TernaryBackend, TernaryLayout, TernaryParts, TernaryPrimitive};
 use crate::backend::fusion::{FusedMixedOp, Operand, register_mixed};
 
 type Mixed<B> = Operand<FloatTensor<B>, IntTensor<B>>;
@@ -15,8 +15,10 @@ enum Op {
     Dequantize { layout: TernaryLayout, dtype: DType },
     QuantizeActs,
     Matmul { layout: TernaryLayout },
+    MatmulNormed { layout: TernaryLayout, epsilon: f64 },
     InputGrad { layout: TernaryLayout },
-    WeightGrad,
+    /// With `normed` the inputs end in the norm's `γ` and `rstd`.
+    WeightGrad { normed: bool },
 }
 
 fn float<B: FusionBackend>(t: Option<Mixed<B>>) -> FloatTensor<B> {
@@ -51,13 +53,19 @@ impl<B: FusionBackend + TernaryBackend> FusedMixedOp<B> for Op {
                 let x = float::<B>(inputs.next());
                 vec![Operand::Float(B::ternary_matmul(x, weight::<B>(&mut inputs, layout)))]
             }
+            Op::MatmulNormed { layout, epsilon } => {
+                let (x, gamma) = (float::<B>(inputs.next()), float::<B>(inputs.next()));
+                let (y, rstd) = B::ternary_matmul_normed(x, gamma, epsilon, weight::<B>(&mut inputs, layout));
+                vec![Operand::Float(y), Operand::Float(rstd)]
+            }
             Op::InputGrad { layout } => {
                 let dy = float::<B>(inputs.next());
                 vec![Operand::Float(B::ternary_input_grad(dy, weight::<B>(&mut inputs, layout)))]
             }
-            Op::WeightGrad => {
-                let dy = float::<B>(inputs.next());
-                vec![Operand::Float(B::ternary_weight_grad(dy, float::<B>(inputs.next())))]
+            Op::WeightGrad { normed } => {
+                let (dy, x) = (float::<B>(inputs.next()), float::<B>(inputs.next()));
+                let norm = normed.then(|| RowNorm { gamma: float::<B>(inputs.next()), rstd: float::<B>(inputs.next()) });
+                vec![Operand::Float(B::ternary_weight_grad(dy, x, norm))]
             }
         }
     }
@@ -98,14 +106,26 @@ impl<B: FusionBackend + TernaryBackend> TernaryBackend for Fusion<B> {
         with_weight::<B>("kiln_ternary_matmul", x, weight, output, Op::Matmul { layout })
     }
 
+    fn ternary_matmul_normed(x: FloatTensor<Self>, gamma: FloatTensor<Self>, epsilon: f64, weight: FusionWeight<B>) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let layout = weight.layout;
+        let m = x.shape()[0];
+        let outputs = vec![(Shape::new([m, layout.n]), x.dtype), (Shape::new([m]), DType::F32)];
+        let inputs = vec![x, gamma, weight.words, weight.scales];
+        let [y, rstd]: [_; 2] = register_mixed::<B, _>("kiln_ternary_matmul_normed", inputs, outputs, Op::MatmulNormed { layout, epsilon }).try_into().unwrap();
+        (y, rstd)
+    }
+
     fn ternary_input_grad(dy: FloatTensor<Self>, weight: FusionWeight<B>) -> FloatTensor<Self> {
         let layout = weight.layout;
         let output = (Shape::new([dy.shape()[0], layout.k]), dy.dtype);
         with_weight::<B>("kiln_ternary_input_grad", dy, weight, output, Op::InputGrad { layout })
     }
 
-    fn ternary_weight_grad(dy: FloatTensor<Self>, x: FloatTensor<Self>) -> FloatTensor<Self> {
+    fn ternary_weight_grad(dy: FloatTensor<Self>, x: FloatTensor<Self>, norm: Option<RowNorm<FloatTensor<Self>>>) -> FloatTensor<Self> {
         let outputs = vec![(Shape::new([dy.shape()[1], x.shape()[1]]), dy.dtype)];
-        register_mixed::<B, _>("kiln_ternary_weight_grad", vec![dy, x], outputs, Op::WeightGrad).remove(0)
+        let normed = norm.is_some();
+        let mut inputs = vec![dy, x];
+        inputs.extend(norm.into_iter().flat_map(|n| [n.gamma, n.rstd]));
+        register_mixed::<B, _>("kiln_ternary_weight_grad", inputs, outputs, Op::WeightGrad { normed }).remove(0)
     }
 }

@@ -16,6 +16,10 @@
 //!   elsewhere kiln's GEMM on the dequantized weight.
 //! - [`bitlinear`]: the training op on a latent weight: quantize it, quantize `x`, multiply;
 //!   gradients go straight through both quantizers to `x` and to the latent weight.
+//! - [`bitlinear_normed`], [`ternary_matmul_normed`]: the same with BitLinear's input RMSNorm
+//!   folded into the activations' quantization: the kernel that quantizes a row normalizes it in
+//!   registers first, and the backward recomputes the normalized rows from `x` and the saved
+//!   `rstd`, so the normalized input is neither written nor kept for the backward.
 
 mod backward;
 mod cube;
@@ -32,8 +36,9 @@ use burn::tensor::{
     ops::{FloatTensor, IntTensor},
 };
 
+use super::rms_norm::RmsNormBackend;
 use super::{prim, wrap};
-use crate::error::{ensure, ensure_float};
+use crate::error::{ensure, ensure_float, ensure_same_dtype};
 
 /// A packed ternary weight, generic over how its tensors are held: Burn tensors
 /// ([`TernaryWeight`]) or backend primitives ([`TernaryPrimitive`]).
@@ -58,8 +63,23 @@ impl<I, F> TernaryParts<I, F> {
     }
 }
 
+/// An RMSNorm folded into the quantization of activation rows: `γ` `[k]` (the activations'
+/// dtype) and each row's `rstd` `[m]` (f32), from which the normalized rows are recomputed.
+#[derive(Debug, Clone)]
+pub struct RowNorm<F> {
+    pub gamma: F,
+    pub rstd: F,
+}
+
+impl<F> RowNorm<F> {
+    /// The same norm with each tensor converted.
+    pub fn map<G>(self, f: impl Fn(F) -> G) -> RowNorm<G> {
+        RowNorm { gamma: f(self.gamma), rstd: f(self.rstd) }
+    }
+}
+
 /// Backend support for ternary weights. The default methods are the reference.
-pub trait TernaryBackend: Backend {
+pub trait TernaryBackend: RmsNormBackend {
     /// Quantize a `[n, k]` weight with absmean scales per `group` output rows.
     fn ternary_quantize(weight: FloatTensor<Self>, group: usize) -> TernaryPrimitive<Self> {
         reference::quantize::<Self>(weight, group)
@@ -81,15 +101,25 @@ pub trait TernaryBackend: Backend {
         reference::matmul::<Self>(x, weight)
     }
 
+    /// `rms_norm(x, γ, ε) [m, k] · Wᵀ` with the normalized rows quantized as
+    /// [`TernaryBackend::ternary_matmul`] quantizes `x` (BitLinear's input norm): the product in
+    /// the dtype of `x`, and each row's `rstd` `[m]` (f32) for the backward. The reference
+    /// normalizes, then multiplies.
+    fn ternary_matmul_normed(x: FloatTensor<Self>, gamma: FloatTensor<Self>, epsilon: f64, weight: TernaryPrimitive<Self>) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let normed = Self::rms_norm_forward(x, gamma, None, epsilon);
+        (Self::ternary_matmul(normed.output, weight), normed.rstd)
+    }
+
     /// `dy [m, n] · (q / s) → [m, k]`: the input gradient of [`TernaryBackend::ternary_matmul`].
     fn ternary_input_grad(dy: FloatTensor<Self>, weight: TernaryPrimitive<Self>) -> FloatTensor<Self> {
         reference::input_grad::<Self>(dy, weight)
     }
 
-    /// `dyᵀ [n, m] · x̃ → [n, k]` with `x̃ = q_x / s_x` the quantized activations: the latent
-    /// weight's gradient of [`TernaryBackend::bitlinear`], in the dtype of `dy`.
-    fn ternary_weight_grad(dy: FloatTensor<Self>, x: FloatTensor<Self>) -> FloatTensor<Self> {
-        reference::weight_grad::<Self>(dy, x)
+    /// `dyᵀ [n, m] · x̃ → [n, k]` with `x̃ = q_x / s_x` the quantized activations (of the rows
+    /// normalized by `norm`, if given): the latent weight's gradient of
+    /// [`TernaryBackend::bitlinear`] and [`TernaryBackend::bitlinear_normed`], in the dtype of `dy`.
+    fn ternary_weight_grad(dy: FloatTensor<Self>, x: FloatTensor<Self>, norm: Option<RowNorm<FloatTensor<Self>>>) -> FloatTensor<Self> {
+        reference::weight_grad::<Self>(dy, x, norm)
     }
 
     /// Quantization-aware `x [m, k] · W̃ᵀ` for a latent float weight `[n, k]`. Without autodiff
@@ -98,6 +128,14 @@ pub trait TernaryBackend: Backend {
     fn bitlinear(x: FloatTensor<Self>, weight: FloatTensor<Self>, group: usize) -> FloatTensor<Self> {
         let weight = Self::ternary_quantize(weight, group);
         Self::ternary_matmul(x, weight)
+    }
+
+    /// [`TernaryBackend::bitlinear`] on `rms_norm(x, γ, ε)`: quantize the weight, then
+    /// [`TernaryBackend::ternary_matmul_normed`]. `Autodiff` adds a backward that passes the
+    /// straight-through gradient on through the norm (to `x` and `γ`) from the saved `rstd`.
+    fn bitlinear_normed(x: FloatTensor<Self>, gamma: FloatTensor<Self>, epsilon: f64, weight: FloatTensor<Self>, group: usize) -> FloatTensor<Self> {
+        let weight = Self::ternary_quantize(weight, group);
+        Self::ternary_matmul_normed(x, gamma, epsilon, weight).0
     }
 }
 
@@ -194,14 +232,55 @@ pub fn ternary_matmul<B: TernaryBackend, const D: usize>(x: Tensor<B, D>, weight
 /// # Panics
 /// On mismatched shapes, a `group` outside `1..=n`, or non-float inputs.
 pub fn bitlinear<B: TernaryBackend, const D: usize>(x: Tensor<B, D>, weight: Tensor<B, 2>, group: usize) -> Tensor<B, D> {
-    let [n, k] = weight.dims();
-    ensure_float("bitlinear", "weight", weight.dtype());
-    ensure(x.dtype() == weight.dtype(), "bitlinear", || format!("x has dtype {:?}, the weight {:?}", x.dtype(), weight.dtype()));
-    if let Err(e) = TernaryLayout::new(n, k, group) {
-        panic!("kiln::bitlinear: {}", e.0);
-    }
+    let [n, k] = check_latent("bitlinear", &x, &weight, group);
     let (x, dims) = rows_of("bitlinear", x, n, k);
     unrows(B::bitlinear(x, prim(weight), group), dims, n)
+}
+
+/// [`bitlinear`] on `rms_norm(x, γ, ε)` (BitNet's BitLinear with its input norm), in one kernel
+/// before the product: each row is normalized in registers and quantized. Gradients reach `x`,
+/// `γ` and the latent weight; the backward recomputes the normalized rows from `x` and each
+/// row's saved `rstd` instead of keeping them.
+///
+/// # Panics
+/// As [`bitlinear`], or if `gamma` is not `[k]` in the dtype of `x`.
+pub fn bitlinear_normed<B: TernaryBackend, const D: usize>(x: Tensor<B, D>, gamma: Tensor<B, 1>, epsilon: f64, weight: Tensor<B, 2>, group: usize) -> Tensor<B, D> {
+    let op = "bitlinear_normed";
+    let [n, k] = check_latent(op, &x, &weight, group);
+    check_norm(op, &x, &gamma);
+    let (x, dims) = rows_of(op, x, n, k);
+    unrows(B::bitlinear_normed(x, prim(gamma), epsilon, prim(weight), group), dims, n)
+}
+
+/// [`ternary_matmul`] on `rms_norm(x, γ, ε)`, the norm applied in the kernel that quantizes the
+/// rows (where the product takes it: the GEMM path on CUDA and elsewhere; up to
+/// [`GEMV_MAX_ROWS`] rows the norm's own kernel runs first). Gradients reach `x` and `γ`.
+///
+/// # Panics
+/// As [`ternary_matmul`], or if `gamma` is not `[k]` in the dtype of `x`.
+pub fn ternary_matmul_normed<B: TernaryBackend, const D: usize>(x: Tensor<B, D>, gamma: Tensor<B, 1>, epsilon: f64, weight: &TernaryWeight<B>) -> Tensor<B, D> {
+    let (op, l) = ("ternary_matmul_normed", weight.layout);
+    check_norm(op, &x, &gamma);
+    let (x, dims) = rows_of(op, x, l.n, l.k);
+    unrows(B::ternary_matmul_normed(x, prim(gamma), epsilon, weight.primitive()).0, dims, l.n)
+}
+
+/// The latent weight's `[n, k]` after checking it (float, in the dtype of `x`, `group` in `1..=n`).
+fn check_latent<B: Backend, const D: usize>(op: &str, x: &Tensor<B, D>, weight: &Tensor<B, 2>, group: usize) -> [usize; 2] {
+    let [n, k] = weight.dims();
+    ensure_float(op, "weight", weight.dtype());
+    ensure(x.dtype() == weight.dtype(), op, || format!("x has dtype {:?}, the weight {:?}", x.dtype(), weight.dtype()));
+    if let Err(e) = TernaryLayout::new(n, k, group) {
+        panic!("kiln::{op}: {}", e.0);
+    }
+    [n, k]
+}
+
+/// An input norm's `γ` must be `[k]` for `x [.., k]`, in the dtype of `x`.
+fn check_norm<B: Backend, const D: usize>(op: &str, x: &Tensor<B, D>, gamma: &Tensor<B, 1>) {
+    let dims = x.dims();
+    ensure(gamma.dims() == [dims[D - 1]], op, || format!("gamma has shape {:?}; expected [{}] (the last axis of x {dims:?})", gamma.dims(), dims[D - 1]));
+    ensure_same_dtype(op, &[("x", x.dtype()), ("gamma", gamma.dtype())]);
 }
 
 /// Activations `[m, k]` quantized per row: the int8 codes (as floats in the dtype of `x`) and the

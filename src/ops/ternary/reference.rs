@@ -5,7 +5,7 @@
 use burn::tensor::{DType, ElementConversion, FloatDType, Int, Tensor, TensorData, backend::Backend, ops::FloatTensor};
 
 use super::format::{ACT_EPS, ACT_MAX, CODES_PER_WORD, WEIGHT_EPS, code_shift};
-use super::{TernaryLayout, TernaryParts, TernaryPrimitive, TernaryWeight};
+use super::{RowNorm, TernaryLayout, TernaryParts, TernaryPrimitive, TernaryWeight};
 use crate::ops::nf4::reference::unpack;
 use crate::ops::{compute_dtype, prim, wrap};
 
@@ -115,8 +115,13 @@ pub fn input_grad<B: Backend>(dy: FloatTensor<B>, weight: TernaryPrimitive<B>) -
     prim(dy.cast(compute).matmul(w).cast(dtype))
 }
 
-/// [`super::TernaryBackend::ternary_weight_grad`]: `dyᵀ · (q_x / s_x)`.
-pub fn weight_grad<B: Backend>(dy: FloatTensor<B>, x: FloatTensor<B>) -> FloatTensor<B> {
+/// [`super::TernaryBackend::ternary_weight_grad`]: `dyᵀ · (q_x / s_x)`, `x` normalized first by
+/// `norm`.
+pub fn weight_grad<B: Backend>(dy: FloatTensor<B>, x: FloatTensor<B>, norm: Option<RowNorm<FloatTensor<B>>>) -> FloatTensor<B> {
+    let x = match norm {
+        Some(norm) => normalize::<B>(x, norm),
+        None => x,
+    };
     let dy: Tensor<B, 2> = wrap(dy);
     let dtype = dy.dtype();
     let compute = compute_dtype(dtype);
@@ -125,6 +130,16 @@ pub fn weight_grad<B: Backend>(dy: FloatTensor<B>, x: FloatTensor<B>) -> FloatTe
     let m = sx.dims()[0];
     let x_tilde = xq.cast(compute) / sx.cast(compute).reshape([m, 1]);
     prim(dy.cast(compute).transpose().matmul(x_tilde).cast(dtype))
+}
+
+/// Rows `x [m, k]` normalized as the forward normalized them: `x · rstd · γ` in the compute
+/// dtype, rounded to the dtype of `x` (what `rms_norm` writes).
+pub fn normalize<B: Backend>(x: FloatTensor<B>, norm: RowNorm<FloatTensor<B>>) -> FloatTensor<B> {
+    let x: Tensor<B, 2> = wrap(x);
+    let (dtype, [m, k]) = (x.dtype(), x.dims());
+    let compute = compute_dtype(dtype);
+    let norm = norm.map(|t| wrap::<B, 1>(t).cast(compute));
+    prim((x.cast(compute) * norm.rstd.reshape([m, 1]) * norm.gamma.reshape([1, k])).cast(dtype))
 }
 
 fn prim_int<B: Backend>(t: Tensor<B, 1, Int>) -> burn::tensor::ops::IntTensor<B> {
