@@ -6,6 +6,9 @@
 
 use cubecl::prelude::*;
 
+/// Rows each row slot of a grid-stride launch targets ([`RowLayout::grid_stride_cubes`]).
+pub const ROWS_PER_SLOT: usize = 8;
+
 /// Compile-time shape of a row kernel launch. Distinct values compile distinct kernels, so the
 /// host keeps the set small: it depends only on the row width and the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -81,9 +84,14 @@ impl RowLayout {
         CubeDim::new_2d(self.units_per_row as u32, self.rows_per_cube as u32)
     }
 
-    /// Cubes for a grid-stride launch over `rows` rows: as many as the multiprocessors hold at
-    /// once (2048 units each), so loads of different cubes overlap; no more, so the per-cube
-    /// partial sums (dγ) stay small next to the activations.
+    /// Cubes for a grid-stride launch over `rows` rows: enough that each row slot of a cube
+    /// takes [`ROWS_PER_SLOT`] rows (at least one cube a multiprocessor where there are rows for
+    /// it), at most as many as the multiprocessors hold at once (2048 units each). Each slot
+    /// writes one row of partial sums (dγ) that a second launch adds up, so one slot a row made
+    /// those partials as large as the activations: for 4096 rows of 2048, RMSNorm's backward
+    /// wrote 17 MB of them and Burn's sum took 30 µs to add them, half of a QAT step's norm
+    /// cost (`benches/RESULTS.md`, fortieth session). `KILN_ROWS_PER_SLOT` overrides the target
+    /// for measurements.
     pub fn grid_stride_cubes<R: Runtime>(&self, client: &ComputeClient<R>, rows: usize) -> usize {
         const UNITS_PER_MULTIPROCESSOR: usize = 2048;
         let sms = client
@@ -93,7 +101,9 @@ impl RowLayout {
             .unwrap_or(64) as usize;
         let units_per_cube = self.units_per_row * self.rows_per_cube;
         let resident = sms * (UNITS_PER_MULTIPROCESSOR / units_per_cube).max(1);
-        rows.div_ceil(self.rows_per_cube).clamp(1, resident)
+        let per_slot = crate::measurement_override("KILN_ROWS_PER_SLOT", 1..=1024).unwrap_or(ROWS_PER_SLOT);
+        let slots = rows.div_ceil(self.rows_per_cube);
+        slots.div_ceil(per_slot).max(slots.min(sms)).clamp(1, resident)
     }
 
     /// Trip count of the grid-stride loop of `cubes` cubes over `rows` rows.

@@ -49,6 +49,13 @@ fn act_input<F: Float, N: Size>(x: &Array<Vector<F, N>>, gamma: &Array<Vector<F,
     v
 }
 
+/// The row vector in held slot `h` of [`quantize_acts_packed_kernel`]'s unit: slot `h` holds
+/// load `h % per_quad` of the unit's quad `h / per_quad`, quads striding by the row's units.
+#[cube]
+fn held_vector(h: usize, #[comptime] per_quad: usize, #[comptime] layout: RowLayout) -> usize {
+    ((h / per_quad) * layout.units_per_row + UNIT_POS_X as usize) * per_quad + h % per_quad
+}
+
 /// The int8 code of `x` under scale `s`, as a float.
 #[cube]
 fn act_code(x: f32, s: f32) -> f32 {
@@ -92,20 +99,16 @@ fn quantize_acts_packed_kernel<F: Float, N: Size, W: Size>(
     let mut held = Array::<Vector<F, N>>::new(comptime!(layout.vectors_per_unit * per_quad));
     let mut squares = 0.0f32;
     #[unroll]
-    for i in 0..layout.vectors_per_unit {
-        let q = i * layout.units_per_row + UNIT_POS_X as usize;
-        #[unroll]
-        for vi in 0..per_quad {
-            let v = q * per_quad + vi;
-            let mut value = Vector::<F, N>::cast_from(Vector::<f32, N>::new(0.0));
-            if valid && v < vectors {
-                value = x[base + v];
-            }
-            held[i * per_quad + vi] = value;
-            if comptime!(normed && !given) {
-                let f = Vector::<f32, N>::cast_from(value);
-                squares += lane_sum(f * f);
-            }
+    for h in 0..comptime!(layout.vectors_per_unit * per_quad) {
+        let v = held_vector(h, per_quad, layout);
+        let mut value = Vector::<F, N>::cast_from(Vector::<f32, N>::new(0.0));
+        if valid && v < vectors {
+            value = x[base + v];
+        }
+        held[h] = value;
+        if comptime!(normed && !given) {
+            let f = Vector::<f32, N>::cast_from(value);
+            squares += lane_sum(f * f);
         }
     }
     if comptime!(normed) {
@@ -121,14 +124,10 @@ fn quantize_acts_packed_kernel<F: Float, N: Size, W: Size>(
             }
         }
         #[unroll]
-        for i in 0..layout.vectors_per_unit {
-            let q = i * layout.units_per_row + UNIT_POS_X as usize;
-            #[unroll]
-            for vi in 0..per_quad {
-                let v = q * per_quad + vi;
-                if valid && v < vectors {
-                    held[i * per_quad + vi] = normalized(held[i * per_quad + vi], gamma[v], r);
-                }
+        for h in 0..comptime!(layout.vectors_per_unit * per_quad) {
+            let v = held_vector(h, per_quad, layout);
+            if valid && v < vectors {
+                held[h] = normalized(held[h], gamma[v], r);
             }
         }
     }
