@@ -87,10 +87,10 @@ impl RowLayout {
     /// Cubes for a grid-stride launch over `rows` rows: enough that each row slot of a cube
     /// takes [`ROWS_PER_SLOT`] rows (at least one cube a multiprocessor where there are rows for
     /// it), at most as many as the multiprocessors hold at once (2048 units each). Each slot
-    /// writes one row of partial sums (dγ) that a second launch adds up, so one slot a row made
-    /// those partials as large as the activations: for 4096 rows of 2048, RMSNorm's backward
-    /// wrote 17 MB of them and Burn's sum took 30 µs to add them, half of a QAT step's norm
-    /// cost (`benches/RESULTS.md`, fortieth session). `KILN_ROWS_PER_SLOT` overrides the target
+    /// writes one row of partial sums (dγ) that a second launch adds up, so filling the device
+    /// with slots made those partials as large as the activations: for 4096 rows of 2048,
+    /// RMSNorm's backward wrote 17 MB of them and Burn's sum took 24–30 µs to add them, about
+    /// half of a norm's backward (`benches/RESULTS.md`, fortieth session). `KILN_ROWS_PER_SLOT` overrides the target
     /// for measurements.
     pub fn grid_stride_cubes<R: Runtime>(&self, client: &ComputeClient<R>, rows: usize) -> usize {
         const UNITS_PER_MULTIPROCESSOR: usize = 2048;
