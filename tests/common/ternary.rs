@@ -3,10 +3,11 @@
 //! (`kiln::ops::ternary::format`) with integer equality where the path is integer, the
 //! straight-through gradients against the formulas in f64. Outputs are poisoned first.
 
-use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive, backend::AutodiffBackend};
+use burn::tensor::{DType, Tensor, TensorData, backend::AutodiffBackend};
 use kiln::KilnBackend;
 use kiln::ops::ternary::{QuantizedActs, TernaryLayout, TernaryMatrix, TernaryWeight, bitlinear, bitlinear_normed, quantize_acts, ternary_matmul, ternary_matmul_normed};
 
+use super::checks::{prim, wrap};
 use super::{poison, random, unit_roundoff, values};
 
 /// A product shape: `m` activation rows, weight `[n, k]`, `group` output rows per scale.
@@ -193,14 +194,6 @@ fn rms_norm_grads(x: &[f32], gamma: &[f32], rstd: &[f32], du: &[f64], abs_du: &[
     [dx, abs_dx, dg, abs_dg]
 }
 
-fn float_prim<B: burn::tensor::backend::Backend, const D: usize>(t: Tensor<B, D>) -> burn::tensor::ops::FloatTensor<B> {
-    t.into_primitive().tensor()
-}
-
-fn float_values<B: burn::tensor::backend::Backend, const D: usize>(t: burn::tensor::ops::FloatTensor<B>) -> Vec<f32> {
-    floats(values(Tensor::<B, D>::from_primitive(TensorPrimitive::Float(t))))
-}
-
 /// [`bitlinear_normed`] and [`ternary_matmul_normed`], BitLinear's input RMSNorm inside the
 /// activations' quantization: each row's `rstd` against f64; the product exactly as the host
 /// computes it on the rows normalized with that `rstd` (`x · rstd · γ`, rounded to the dtype);
@@ -224,8 +217,8 @@ pub fn check_normed<B: KilnBackend + AutodiffBackend>(device: &B::Device, dtype:
         let quantized = weight.to_host();
 
         poison::<B>(device, 2 * s.m * s.n + 64, DType::F32);
-        let (y, rstd) = B::ternary_matmul_normed(float_prim(x.clone().detach()), float_prim(gamma.clone().detach()), epsilon, weight.primitive());
-        let (y, rstd) = (float_values::<B, 2>(y), float_values::<B, 1>(rstd));
+        let (y, rstd) = B::ternary_matmul_normed(prim(x.clone().detach()), prim(gamma.clone().detach()), epsilon, weight.primitive());
+        let (y, rstd) = (floats(values(wrap::<B, 2>(y))), floats(values(wrap::<B, 1>(rstd))));
         let mut normed = vec![0f32; s.m * s.k];
         for (row, &r) in rstd.iter().enumerate() {
             let xs = &x_host[row * s.k..(row + 1) * s.k];

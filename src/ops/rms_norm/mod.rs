@@ -79,7 +79,9 @@ pub fn rms_norm_residual<B: RmsNormBackend, const D: usize>(
     (wrap(out.output), wrap(h))
 }
 
-fn validate<B: Backend>(op: &str, x: &FloatTensor<B>, gamma: &FloatTensor<B>, residual: Option<&FloatTensor<B>>) {
+/// `x` float, `gamma` `[x.last]` and a residual shaped like `x`, all in one dtype; panics naming
+/// `op` otherwise. The ternary ops with an input norm check their `γ` here too.
+pub(crate) fn validate<B: Backend>(op: &str, x: &FloatTensor<B>, gamma: &FloatTensor<B>, residual: Option<&FloatTensor<B>>) {
     let (xs, gs) = (x.shape(), gamma.shape());
     ensure_float(op, "x", x.dtype());
     ensure(xs.num_dims() >= 1 && gs.num_dims() == 1 && gs[0] == xs[xs.num_dims() - 1], op, || {

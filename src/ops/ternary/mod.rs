@@ -38,7 +38,7 @@ use burn::tensor::{
 
 use super::rms_norm::RmsNormBackend;
 use super::{prim, wrap};
-use crate::error::{ensure, ensure_float, ensure_same_dtype};
+use crate::error::{ensure, ensure_float};
 
 /// A packed ternary weight, generic over how its tensors are held: Burn tensors
 /// ([`TernaryWeight`]) or backend primitives ([`TernaryPrimitive`]).
@@ -276,11 +276,9 @@ fn check_latent<B: Backend, const D: usize>(op: &str, x: &Tensor<B, D>, weight: 
     [n, k]
 }
 
-/// An input norm's `γ` must be `[k]` for `x [.., k]`, in the dtype of `x`.
+/// An input norm's `γ` must be `[k]` for `x [.., k]`, in the dtype of `x`: RMSNorm's own check.
 fn check_norm<B: Backend, const D: usize>(op: &str, x: &Tensor<B, D>, gamma: &Tensor<B, 1>) {
-    let dims = x.dims();
-    ensure(gamma.dims() == [dims[D - 1]], op, || format!("gamma has shape {:?}; expected [{}] (the last axis of x {dims:?})", gamma.dims(), dims[D - 1]));
-    ensure_same_dtype(op, &[("x", x.dtype()), ("gamma", gamma.dtype())]);
+    super::rms_norm::validate::<B>(op, &prim(x.clone()), &prim(gamma.clone()), None);
 }
 
 /// Activations `[m, k]` quantized per row: the int8 codes (as floats in the dtype of `x`) and the
