@@ -7,6 +7,8 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "gpu_check/cross_entropy.rs"]
+mod cross_entropy;
 #[path = "gpu_check/gemm.rs"]
 mod gemm;
 #[path = "gpu_check/dora.rs"]
@@ -94,6 +96,9 @@ fn parity(device: &CudaDevice, filter: &str) -> bool {
         }
         for case in dora::layer_cases() {
             report(format!("dora {case:?} {dtype:?}"), &|| run_check(&case, device, dtype));
+        }
+        for case in cross_entropy::parity_cases() {
+            report(format!("cross_entropy {case:?} {dtype:?}"), &|| run_check(&case, device, dtype));
         }
         for shape in [[37, 11008], [3, 1001]] {
             for activation in [GluActivation::Silu, GluActivation::GeluTanh, GluActivation::Relu2] {
@@ -630,6 +635,9 @@ fn main() {
     }
     if mode == "ternary-qat" {
         ternary::bench_qat_step(&device);
+    }
+    if mode == "cross-entropy" || mode == "bench" || mode == "all" {
+        cross_entropy::bench(&device);
     }
     if mode == "trit" || mode == "all" {
         ok &= trit::parity(&device);

@@ -14,6 +14,7 @@
 //! binary per file.
 
 mod common;
+mod cross_entropy;
 mod dora;
 mod flash_attention;
 mod lora;

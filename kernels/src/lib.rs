@@ -12,6 +12,7 @@
 
 #[cfg(feature = "cuda")]
 pub mod cuda_source;
+pub mod cross_entropy;
 pub mod dora;
 pub mod flash_attention;
 #[cfg(feature = "cuda")]

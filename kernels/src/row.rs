@@ -49,34 +49,42 @@ impl RowLayout {
         vector_size: usize,
         target_vectors_per_unit: usize,
     ) -> Result<Self, RowTooWide> {
-        const TARGET_UNITS_PER_CUBE: usize = 256;
-        let props = client.properties();
-        let max_units = (props.hardware.max_units_per_cube as usize)
-            .min(props.hardware.max_cube_dim.0 as usize)
-            .min(1024);
-        let max_units = prev_power_of_two(max_units.max(1));
-        let width_vectors = width_vectors.max(1);
-        let units_per_row = width_vectors
-            .div_ceil(target_vectors_per_unit.max(1))
-            .next_power_of_two()
-            .min(max_units);
-        let vectors_per_unit = width_vectors.div_ceil(units_per_row);
-        if vectors_per_unit > MAX_VECTORS_PER_UNIT {
+        let max_units = max_units(client);
+        let layout = Self::with_units(client, width_vectors, target_vectors_per_unit, max_units);
+        if layout.vectors_per_unit > MAX_VECTORS_PER_UNIT {
             return Err(RowTooWide {
                 width: width_vectors * vector_size,
                 max: max_units * MAX_VECTORS_PER_UNIT * vector_size,
             });
         }
+        Ok(layout)
+    }
+
+    /// A layout for kernels that stream their rows instead of holding them (cross-entropy over a
+    /// vocabulary): as [`RowLayout::new`], but at most one cube of units a row and no width limit, each
+    /// unit looping over its `vectors_per_unit` vectors.
+    pub fn streaming<R: Runtime>(client: &ComputeClient<R>, width_vectors: usize, target_vectors_per_unit: usize) -> Self {
+        Self::with_units(client, width_vectors, target_vectors_per_unit, max_units(client).min(TARGET_UNITS_PER_CUBE))
+    }
+
+    /// About `target_vectors_per_unit` vectors a unit, at most `max_units` units a row (a power of
+    /// two), rows filling cubes of about [`TARGET_UNITS_PER_CUBE`] units.
+    fn with_units<R: Runtime>(client: &ComputeClient<R>, width_vectors: usize, target_vectors_per_unit: usize, max_units: usize) -> Self {
+        let width_vectors = width_vectors.max(1);
+        let units_per_row = width_vectors
+            .div_ceil(target_vectors_per_unit.max(1))
+            .next_power_of_two()
+            .min(max_units);
         let rows_per_cube = (TARGET_UNITS_PER_CUBE / units_per_row)
-            .clamp(1, props.hardware.max_cube_dim.1 as usize)
+            .clamp(1, client.properties().hardware.max_cube_dim.1 as usize)
             .min(max_units / units_per_row)
             .max(1);
-        Ok(Self {
+        Self {
             units_per_row,
             rows_per_cube,
-            vectors_per_unit,
+            vectors_per_unit: width_vectors.div_ceil(units_per_row),
             plane_size: plane_size_for_reduction(client),
-        })
+        }
     }
 
     /// Cube dimension: x spans the units of a row, y the rows of a cube.
@@ -121,6 +129,16 @@ impl RowLayout {
         let cubes = rows.div_ceil(self.rows_per_cube).max(1);
         cubecl::calculate_cube_count_elemwise(client, cubes, CubeDim::new_single())
     }
+}
+
+/// Units a cube aims for.
+const TARGET_UNITS_PER_CUBE: usize = 256;
+
+/// The most units a row may take on `client`'s device: a power of two, at most 1024.
+fn max_units<R: Runtime>(client: &ComputeClient<R>) -> usize {
+    let hw = &client.properties().hardware;
+    let units = (hw.max_units_per_cube as usize).min(hw.max_cube_dim.0 as usize).min(1024);
+    prev_power_of_two(units.max(1))
 }
 
 /// The plane size to reduce with, or 0 when plane operations are unavailable or the plane size

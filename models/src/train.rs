@@ -29,21 +29,21 @@ pub struct LmBatch<B: Backend> {
 
 impl<B: KilnBackend, L: Projection<B>> Decoder<B, L> {
     /// Mean cross-entropy of the next-token predictions (over masked positions when a mask is
-    /// given), computed in f32, with the logits and targets flattened for Burn's metrics.
+    /// given), computed in f32 by kiln's fused `cross_entropy` (no f32 copy of the logits), with
+    /// the logits and targets flattened for Burn's metrics.
     pub fn lm_loss(&self, batch: LmBatch<B>) -> ClassificationOutput<B> {
         let logits = self.forward(batch.inputs);
         let [b, s, v] = logits.dims();
         let logits = logits.reshape([b * s, v]);
         let targets = batch.targets.reshape([b * s]);
-        let log_probs = burn::tensor::activation::log_softmax(logits.clone().cast(FloatDType::F32), 1);
-        let picked = log_probs.gather(1, targets.clone().reshape([b * s, 1])).reshape([b * s]);
+        let losses = kiln::ops::cross_entropy(logits.clone(), targets.clone());
         let loss = match batch.mask {
             Some(mask) => {
-                let mask = mask.reshape([b * s]).cast(FloatDType::F32);
+                let mask = mask.reshape([b * s]).cast(FloatDType::from(losses.dtype()));
                 let count = mask.clone().sum().clamp_min(1.0);
-                (picked * mask).sum().neg() / count
+                (losses * mask).sum() / count
             }
-            None => picked.mean().neg(),
+            None => losses.mean(),
         };
         ClassificationOutput::new(loss, logits, targets)
     }

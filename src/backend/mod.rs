@@ -8,18 +8,18 @@ pub(crate) mod fusion;
 pub mod graph;
 
 use crate::ops::{
-    flash_attention::FlashAttentionBackend, matmul::MatmulBackend, rms_norm::RmsNormBackend, rms_norm_rope::RmsNormRopeBackend,
+    cross_entropy::CrossEntropyBackend, flash_attention::FlashAttentionBackend, matmul::MatmulBackend, rms_norm::RmsNormBackend, rms_norm_rope::RmsNormRopeBackend,
     lora::LoraBackend, nf4::Nf4Backend, rope::RopeBackend, sketch::SketchBackend, swiglu::SwiGluBackend, ternary::TernaryBackend, trit::TritBackend,
 };
 
 /// Every kiln op. Implemented for each backend that implements every op family.
 pub trait KilnBackend:
-    RmsNormBackend + RopeBackend + RmsNormRopeBackend + SwiGluBackend + FlashAttentionBackend + MatmulBackend + Nf4Backend + LoraBackend + TritBackend + SketchBackend + TernaryBackend
+    RmsNormBackend + RopeBackend + RmsNormRopeBackend + SwiGluBackend + FlashAttentionBackend + MatmulBackend + Nf4Backend + LoraBackend + TritBackend + SketchBackend + TernaryBackend + CrossEntropyBackend
 {
 }
 
 impl<B> KilnBackend for B where
-    B: RmsNormBackend + RopeBackend + RmsNormRopeBackend + SwiGluBackend + FlashAttentionBackend + MatmulBackend + Nf4Backend + LoraBackend + TritBackend + SketchBackend + TernaryBackend
+    B: RmsNormBackend + RopeBackend + RmsNormRopeBackend + SwiGluBackend + FlashAttentionBackend + MatmulBackend + Nf4Backend + LoraBackend + TritBackend + SketchBackend + TernaryBackend + CrossEntropyBackend
 {
 }
 

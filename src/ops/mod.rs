@@ -1,6 +1,7 @@
 //! The public functional API on `Tensor<B, D>` and, per op, its backend trait, reference
 //! implementation, CubeCL implementation, fusion registration and autodiff backward.
 
+pub mod cross_entropy;
 pub mod dora;
 pub mod flash_attention;
 pub mod lora;
@@ -14,6 +15,7 @@ pub mod swiglu;
 pub mod ternary;
 pub mod trit;
 
+pub use cross_entropy::cross_entropy;
 pub use dora::{dora, dora_norm};
 pub use flash_attention::{AttentionOptions, flash_attention};
 pub use lora::lora;

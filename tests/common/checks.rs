@@ -422,3 +422,46 @@ impl Case for Nf4Case {
         self.m * (self.k + self.n) + self.k * self.n
     }
 }
+
+/// Per-row cross-entropy of `[rows, width]` logits (N(0, 1) times `scale`) against targets
+/// spread over the row, every `ignore_every`-th row ignored (target −100; 0: none), and the
+/// logits' gradient under random per-row loss weights.
+#[derive(Debug, Clone, Copy)]
+pub struct CrossEntropyCase {
+    pub rows: usize,
+    pub width: usize,
+    pub scale: f64,
+    pub ignore_every: usize,
+    pub seed: u64,
+}
+
+impl CrossEntropyCase {
+    pub fn targets(&self) -> Vec<i64> {
+        let spread = |r: usize| ((r as u64 * 2_654_435_761 + self.seed) % self.width as u64) as i64;
+        (0..self.rows).map(|r| if self.ignore_every > 0 && r % self.ignore_every == 1 { -100 } else { spread(r) }).collect()
+    }
+}
+
+impl Case for CrossEntropyCase {
+    fn run<B: KilnAutodiffBackend>(&self, device: &B::Device, dtype: DType, kernel: bool) -> Outputs {
+        let shape = [self.rows, self.width];
+        let scaled: Vec<f64> = random(&shape, self.seed).to_vec::<f64>().unwrap().iter().map(|v| v * self.scale).collect();
+        let z = tensor::<B, 2>(&burn::tensor::TensorData::new(scaled, shape), dtype, device).require_grad();
+        let t = Tensor::<B, 1, burn::tensor::Int>::from_data(burn::tensor::TensorData::new(self.targets(), [self.rows]), device);
+        let loss = if kernel {
+            ops::cross_entropy(z.clone(), t)
+        } else {
+            wrap(ops::cross_entropy::reference::forward::<B>(prim(z.clone()), t.into_primitive()).0)
+        };
+        let grads = weighted(loss.clone(), self.seed + 1, device).backward();
+        vec![("loss", values(loss)), ("dlogits", grad(&z, &grads))]
+    }
+
+    fn depth(&self) -> f64 {
+        self.width as f64
+    }
+
+    fn footprint(&self) -> usize {
+        3 * self.rows * self.width
+    }
+}
