@@ -27,6 +27,25 @@ pub(crate) enum Operand<T, I> {
     Int(I),
 }
 
+impl<T, I> Operand<T, I> {
+    /// The float tensor of an op's input taken in the op's own operand order; `op` names the op in
+    /// the panic that a missing or int operand (a bug in that order) raises.
+    pub(crate) fn float(operand: Option<Self>, op: &str) -> T {
+        match operand {
+            Some(Operand::Float(t)) => t,
+            _ => unreachable!("{op} fusion op: a float operand expected"),
+        }
+    }
+
+    /// [`Operand::float`] for an int operand.
+    pub(crate) fn int(operand: Option<Self>, op: &str) -> I {
+        match operand {
+            Some(Operand::Int(t)) => t,
+            _ => unreachable!("{op} fusion op: an int operand expected"),
+        }
+    }
+}
+
 /// The body of a custom fusion operation with float and int operands, in and out (each output's
 /// kind follows its declared dtype).
 pub(crate) trait FusedMixedOp<B: FusionBackend>: Clone + Debug + Send + Sync + 'static {

@@ -8,37 +8,26 @@ use crate::backend::fusion::{FusedMixedOp, Operand, register_mixed};
 
 type Mixed<B> = Operand<FloatTensor<B>, IntTensor<B>>;
 
+/// The op family named in the panics of a wrong operand.
+const OP: &str = "cross_entropy";
+
 #[derive(Clone, Debug)]
 enum Op {
     Forward,
     Backward,
 }
 
-fn float<B: FusionBackend>(t: Option<Mixed<B>>) -> FloatTensor<B> {
-    match t {
-        Some(Operand::Float(t)) => t,
-        _ => unreachable!("cross_entropy fusion op: a float operand expected"),
-    }
-}
-
-fn int<B: FusionBackend>(t: Option<Mixed<B>>) -> IntTensor<B> {
-    match t {
-        Some(Operand::Int(t)) => t,
-        _ => unreachable!("cross_entropy fusion op: an int operand expected"),
-    }
-}
-
 impl<B: FusionBackend + CrossEntropyBackend> FusedMixedOp<B> for Op {
     fn run(&self, inputs: Vec<Mixed<B>>) -> Vec<Mixed<B>> {
         let mut inputs = inputs.into_iter();
-        let (logits, targets) = (float::<B>(inputs.next()), int::<B>(inputs.next()));
+        let (logits, targets) = (Operand::float(inputs.next(), OP), Operand::int(inputs.next(), OP));
         match self {
             Op::Forward => {
                 let (loss, lse) = B::cross_entropy_forward(logits, targets);
                 vec![Operand::Float(loss), Operand::Float(lse)]
             }
             Op::Backward => {
-                let (lse, dloss) = (float::<B>(inputs.next()), float::<B>(inputs.next()));
+                let (lse, dloss) = (Operand::float(inputs.next(), OP), Operand::float(inputs.next(), OP));
                 vec![Operand::Float(B::cross_entropy_backward(logits, targets, lse, dloss))]
             }
         }

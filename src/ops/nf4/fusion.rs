@@ -9,6 +9,9 @@ use crate::backend::fusion::{FusedMixedOp, Operand, register_mixed};
 
 type Mixed<B> = Operand<FloatTensor<B>, IntTensor<B>>;
 
+/// The op family named in the panics of a wrong operand.
+const OP: &str = "nf4";
+
 #[derive(Clone, Debug)]
 enum Op {
     Quantize { kind: QuantType, block: usize },
@@ -29,28 +32,14 @@ fn operands<T>(weight: Parts4<T, T>) -> Vec<T> {
 
 /// The inverse of [`operands`] on the inner backend (struct fields evaluate in source order).
 fn assemble<B: FusionBackend>(inputs: &mut impl Iterator<Item = Mixed<B>>, layout: Layout4, nested: bool) -> Quantized4Primitive<B> {
-    let words = int::<B>(inputs.next());
-    let code = float::<B>(inputs.next());
+    let words = Operand::int(inputs.next(), OP);
+    let code = Operand::float(inputs.next(), OP);
     let scales = if nested {
-        Scales::Nested { codes: int::<B>(inputs.next()), code: float::<B>(inputs.next()), absmax: float::<B>(inputs.next()), offset: float::<B>(inputs.next()) }
+        Scales::Nested { codes: Operand::int(inputs.next(), OP), code: Operand::float(inputs.next(), OP), absmax: Operand::float(inputs.next(), OP), offset: Operand::float(inputs.next(), OP) }
     } else {
-        Scales::Absmax(float::<B>(inputs.next()))
+        Scales::Absmax(Operand::float(inputs.next(), OP))
     };
     Parts4 { words, code, scales, layout }
-}
-
-fn float<B: FusionBackend>(t: Option<Mixed<B>>) -> FloatTensor<B> {
-    match t {
-        Some(Operand::Float(t)) => t,
-        _ => unreachable!("nf4 fusion op: a float operand expected"),
-    }
-}
-
-fn int<B: FusionBackend>(t: Option<Mixed<B>>) -> IntTensor<B> {
-    match t {
-        Some(Operand::Int(t)) => t,
-        _ => unreachable!("nf4 fusion op: an int operand expected"),
-    }
 }
 
 impl<B: FusionBackend + Nf4Backend> FusedMixedOp<B> for Op {
@@ -58,17 +47,17 @@ impl<B: FusionBackend + Nf4Backend> FusedMixedOp<B> for Op {
         let mut inputs = inputs.into_iter();
         match *self {
             Op::Quantize { kind, block } => {
-                let w = B::quantize_4bit(float::<B>(inputs.next()), kind, block);
+                let w = B::quantize_4bit(Operand::float(inputs.next(), OP), kind, block);
                 let Scales::Absmax(absmax) = w.scales else { unreachable!("quantize returns plain absmax") };
                 vec![Operand::Int(w.words), Operand::Float(w.code), Operand::Float(absmax)]
             }
             Op::Dequantize { layout, nested, dtype } => vec![Operand::Float(B::dequantize_4bit(assemble::<B>(&mut inputs, layout, nested), dtype))],
             Op::Matmul { layout, nested } => {
-                let x = float::<B>(inputs.next());
+                let x = Operand::float(inputs.next(), OP);
                 vec![Operand::Float(B::matmul_4bit(x, assemble::<B>(&mut inputs, layout, nested)))]
             }
             Op::InputGrad { layout, nested } => {
-                let dy = float::<B>(inputs.next());
+                let dy = Operand::float(inputs.next(), OP);
                 vec![Operand::Float(B::matmul_4bit_input_grad(dy, assemble::<B>(&mut inputs, layout, nested)))]
             }
         }

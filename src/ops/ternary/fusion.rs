@@ -9,6 +9,9 @@ use crate::backend::fusion::{FusedMixedOp, Operand, register_mixed};
 
 type Mixed<B> = Operand<FloatTensor<B>, IntTensor<B>>;
 
+/// The op family named in the panics of a wrong operand.
+const OP: &str = "ternary";
+
 #[derive(Clone, Debug)]
 enum Op {
     Quantize { group: usize },
@@ -21,19 +24,12 @@ enum Op {
     WeightGrad { normed: bool },
 }
 
-fn float<B: FusionBackend>(t: Option<Mixed<B>>) -> FloatTensor<B> {
-    match t {
-        Some(Operand::Float(t)) => t,
-        _ => unreachable!("ternary fusion op: a float operand expected"),
-    }
-}
-
 fn weight<B: FusionBackend>(inputs: &mut impl Iterator<Item = Mixed<B>>, layout: TernaryLayout) -> TernaryPrimitive<B> {
     let words = match inputs.next() {
         Some(Operand::Int(t)) => t,
         _ => unreachable!("ternary fusion op: the weight's words expected"),
     };
-    TernaryParts { words, scales: float::<B>(inputs.next()), layout }
+    TernaryParts { words, scales: Operand::float(inputs.next(), OP), layout }
 }
 
 impl<B: FusionBackend + TernaryBackend> FusedMixedOp<B> for Op {
@@ -41,30 +37,30 @@ impl<B: FusionBackend + TernaryBackend> FusedMixedOp<B> for Op {
         let mut inputs = inputs.into_iter();
         match *self {
             Op::Quantize { group } => {
-                let w = B::ternary_quantize(float::<B>(inputs.next()), group);
+                let w = B::ternary_quantize(Operand::float(inputs.next(), OP), group);
                 vec![Operand::Int(w.words), Operand::Float(w.scales)]
             }
             Op::Dequantize { layout, dtype } => vec![Operand::Float(B::ternary_dequantize(weight::<B>(&mut inputs, layout), dtype))],
             Op::QuantizeActs => {
-                let (codes, scales) = B::ternary_quantize_acts(float::<B>(inputs.next()));
+                let (codes, scales) = B::ternary_quantize_acts(Operand::float(inputs.next(), OP));
                 vec![Operand::Float(codes), Operand::Float(scales)]
             }
             Op::Matmul { layout } => {
-                let x = float::<B>(inputs.next());
+                let x = Operand::float(inputs.next(), OP);
                 vec![Operand::Float(B::ternary_matmul(x, weight::<B>(&mut inputs, layout)))]
             }
             Op::MatmulNormed { layout, epsilon } => {
-                let (x, gamma) = (float::<B>(inputs.next()), float::<B>(inputs.next()));
+                let (x, gamma) = (Operand::float(inputs.next(), OP), Operand::float(inputs.next(), OP));
                 let (y, rstd) = B::ternary_matmul_normed(x, gamma, epsilon, weight::<B>(&mut inputs, layout));
                 vec![Operand::Float(y), Operand::Float(rstd)]
             }
             Op::InputGrad { layout } => {
-                let dy = float::<B>(inputs.next());
+                let dy = Operand::float(inputs.next(), OP);
                 vec![Operand::Float(B::ternary_input_grad(dy, weight::<B>(&mut inputs, layout)))]
             }
             Op::WeightGrad { normed } => {
-                let (dy, x) = (float::<B>(inputs.next()), float::<B>(inputs.next()));
-                let norm = normed.then(|| RowNorm { gamma: float::<B>(inputs.next()), rstd: float::<B>(inputs.next()) });
+                let (dy, x) = (Operand::float(inputs.next(), OP), Operand::float(inputs.next(), OP));
+                let norm = normed.then(|| RowNorm { gamma: Operand::float(inputs.next(), OP), rstd: Operand::float(inputs.next(), OP) });
                 vec![Operand::Float(B::ternary_weight_grad(dy, x, norm))]
             }
         }

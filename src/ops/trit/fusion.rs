@@ -9,6 +9,9 @@ use crate::backend::fusion::{FusedMixedOp, Operand, register_mixed, register_sou
 
 type Mixed<B> = Operand<FloatTensor<B>, IntTensor<B>>;
 
+/// The op family named in the panics of a wrong operand.
+const OP: &str = "trit";
+
 #[derive(Clone, Debug)]
 enum Op<D> {
     Pack,
@@ -21,17 +24,10 @@ enum Op<D> {
     Topk { k: usize, smallest: bool },
 }
 
-fn int<B: FusionBackend>(t: Option<Mixed<B>>) -> IntTensor<B> {
-    match t {
-        Some(Operand::Int(t)) => t,
-        _ => unreachable!("trit fusion op: an int operand expected"),
-    }
-}
-
 impl<B: FusionBackend + TritBackend> FusedMixedOp<B> for Op<B::Device> {
     fn run(&self, inputs: Vec<Mixed<B>>) -> Vec<Mixed<B>> {
         let mut inputs = inputs.into_iter();
-        let mut next = || int::<B>(inputs.next());
+        let mut next = || Operand::int(inputs.next(), OP);
         let out = match self {
             Op::Pack => B::trit_pack(next()),
             Op::Unpack { len } => B::trit_unpack(next(), *len),
