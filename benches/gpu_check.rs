@@ -371,6 +371,17 @@ fn bytes_in_use(device: &CudaDevice) -> f64 {
     client.memory_usage().map_or(f64::NAN, |u| u.bytes_in_use as f64)
 }
 
+/// The bytes a forward leaves in use until its backward (its output and what its graph saves),
+/// and the output.
+fn held_by<T>(device: &CudaDevice, forward: impl FnOnce() -> T) -> (f64, T) {
+    let before = bytes_in_use(device);
+    let out = forward();
+    (bytes_in_use(device) - before, out)
+}
+
+/// HBM3 nominal bandwidth of the H100 SXM, bytes per second.
+const HBM: f64 = 3.35e12;
+
 /// A bf16 tensor of N(0, 1) values.
 fn bf16<BK: Backend<Device = CudaDevice>, const D: usize>(shape: [usize; D], device: &CudaDevice) -> Tensor<BK, D> {
     Tensor::<BK, D>::random(shape, Distribution::Normal(0.0, 1.0), device).cast(DType::BF16)

@@ -8,10 +8,7 @@ use burn::backend::cuda::CudaDevice;
 use kiln::ops;
 
 use super::common::checks::CrossEntropyCase;
-use super::{Ad, B, bf16, bytes_in_use, time_adaptive};
-
-/// HBM3 nominal bandwidth of the H100 SXM, bytes per second.
-const HBM: f64 = 3.35e12;
+use super::{Ad, B, HBM, bf16, held_by, time_adaptive};
 
 /// `[rows, vocab]`: Llama-3's 128k vocabulary at 4 × 2048 tokens, Qwen2.5's 152k at 4096, and
 /// Llama-2's 32k at 16384.
@@ -68,23 +65,14 @@ pub fn bench(device: &CudaDevice) {
         let z = Tensor::<Ad, 2>::from_inner(logits.clone()).require_grad();
         let fwd = time_adaptive(device, 0.3, 50, || ops::cross_entropy(logits.clone(), t.clone()).sum() / counted);
         row(&format!("kiln cross_entropy fwd {shape}"), fwd, bytes, None);
-        let held = held_by(device, || fused(z.clone(), t_ad.clone(), counted));
+        let held = held_by(device, || fused(z.clone(), t_ad.clone(), counted)).0;
         let step = time_adaptive(device, 0.3, STEP_CALLS, || fused(z.clone(), t_ad.clone(), counted).backward());
         row(&format!("kiln cross_entropy fwd+bwd {shape}"), step, 3.0 * bytes, Some(held));
-        let held = held_by(device, || composed(z.clone(), t_ad.clone(), counted));
+        let held = held_by(device, || composed(z.clone(), t_ad.clone(), counted)).0;
         let step = time_adaptive(device, 0.3, STEP_CALLS, || composed(z.clone(), t_ad.clone(), counted).backward());
         row(&format!("burn log_softmax(f32) + gather fwd+bwd {shape}"), step, 3.0 * bytes, Some(held));
         let (kiln, burn) = (fused(z.clone(), t_ad.clone(), counted), composed(z.clone(), t_ad.clone(), counted));
         let (kiln, burn) = (kiln.into_scalar() as f64, burn.into_scalar() as f64);
         println!("bench cross_entropy {shape} mean loss kiln {kiln:.6} composed {burn:.6} (|diff| {:.2e})", (kiln - burn).abs());
     }
-}
-
-/// Bytes a forward leaves in use for its backward (its loss alive, the graph with it).
-fn held_by(device: &CudaDevice, forward: impl FnOnce() -> Tensor<Ad, 1>) -> f64 {
-    let before = bytes_in_use(device);
-    let loss = forward();
-    let after = bytes_in_use(device);
-    drop(loss);
-    after - before
 }

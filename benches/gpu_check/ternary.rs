@@ -12,15 +12,13 @@ use cubecl::cuda::CudaRuntime;
 use kiln::ops::{self, ternary::{TernaryBackend, TernaryWeight}};
 
 use super::common::ternary::{check_gradients, check_kernels, check_normed, shape};
-use super::{B, bf16, bytes_in_use};
+use super::{B, HBM, bf16, held_by};
 
 type Cube = CubeBackend<CudaRuntime, f32, i32, u8>;
 
 /// `(n, k)`: BitNet's GEMV table (weights `[n, k]`) and Llama's 4096 → 11008 and 8192 → 28672.
 const GEMV: [(usize, usize); 7] = [(2560, 2560), (13824, 2560), (2560, 6912), (3200, 10240), (20480, 3200), (11008, 4096), (28672, 8192)];
 const PREFILL: [(usize, usize); 3] = [(11008, 4096), (4096, 11008), (28672, 8192)];
-/// HBM3 nominal bandwidth of the H100 SXM, bytes per second.
-const HBM: f64 = 3.35e12;
 /// Dense bf16 tensor-core peak of the H100 SXM, operations per second.
 const BF16_PEAK: f64 = 989e12;
 /// Dense int8 tensor-core peak of the H100 SXM, operations per second.
@@ -205,14 +203,6 @@ pub fn bench_input_grad(device: &CudaDevice) {
             compare(&format!("input grad m{m:<5} n{n:<6} k{k:<6} kiln packed"), [t, bf], 2.0 * (m * k * n) as f64, ("TF/s", "bf16", BF16_PEAK), "packed/bf16");
         }
     }
-}
-
-/// The bytes a forward leaves in use until its backward (its output and what its graph saves),
-/// and the output.
-fn held_by<T>(device: &CudaDevice, forward: impl FnOnce() -> T) -> (f64, T) {
-    let before = bytes_in_use(device);
-    let out = forward();
-    (bytes_in_use(device) - before, out)
 }
 
 /// QAT linears `(n, k)`: the 4096 → 11008, then each linear of a Llama-3.2-1B layer (q and

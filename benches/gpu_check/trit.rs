@@ -13,15 +13,13 @@ use kiln::ops::trit::{Metric, TritTensor, format};
 use kiln_kernels::trit::{ScoreArgs, WordLayout, launch_planes_to_codes, launch_scores};
 
 use super::common::trits::{check_ops, check_search, host_batch, ints};
-use super::B;
+use super::{B, HBM};
 
 type Cube = CubeBackend<CudaRuntime, f32, i32, u8>;
 
 /// Stored vectors and their length for the search table.
 const STORED: usize = 1_000_000;
 const LEN: usize = 10_000;
-/// HBM3 nominal bandwidth of the H100 SXM, bytes per second.
-const HBM: f64 = 3.35e12;
 
 /// The CI tests' op check on CUDA; all-pairs scores and search for query counts that take each
 /// tensor-core variant (1–8 tiles of 8 queries, a second group past 64); then search over 1M ×
