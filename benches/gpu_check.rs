@@ -9,6 +9,8 @@
 mod common;
 #[path = "gpu_check/cross_entropy.rs"]
 mod cross_entropy;
+#[path = "gpu_check/linear_cross_entropy.rs"]
+mod linear_cross_entropy;
 #[path = "gpu_check/gemm.rs"]
 mod gemm;
 #[path = "gpu_check/dora.rs"]
@@ -99,6 +101,9 @@ fn parity(device: &CudaDevice, filter: &str) -> bool {
         }
         for case in cross_entropy::parity_cases() {
             report(format!("cross_entropy {case:?} {dtype:?}"), &|| run_check(&case, device, dtype));
+        }
+        for case in linear_cross_entropy::parity_cases() {
+            report(format!("linear_cross_entropy {case:?} {dtype:?}"), &|| run_check(&case, device, dtype));
         }
         for shape in [[37, 11008], [3, 1001]] {
             for activation in [GluActivation::Silu, GluActivation::GeluTanh, GluActivation::Relu2] {
@@ -649,6 +654,9 @@ fn main() {
     }
     if mode == "cross-entropy" || mode == "bench" || mode == "all" {
         cross_entropy::bench(&device);
+    }
+    if mode == "linear-cross-entropy" || mode == "bench" || mode == "all" {
+        linear_cross_entropy::bench(&device);
     }
     if mode == "trit" || mode == "all" {
         ok &= trit::parity(&device);

@@ -17,6 +17,7 @@ mod common;
 mod cross_entropy;
 mod dora;
 mod flash_attention;
+mod linear_cross_entropy;
 mod lora;
 mod matmul;
 mod nf4;

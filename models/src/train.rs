@@ -6,15 +6,17 @@
 use std::collections::HashMap;
 use std::io::IsTerminal;
 
+use burn::backend::Flex;
 use burn::module::{AutodiffModule, ModuleDisplay};
-use burn::tensor::{FloatDType, Int, Tensor, backend::{AutodiffBackend, Backend}};
-use burn::train::metric::{MetricDefinition, MetricId};
+use burn::tensor::{Int, Tensor, backend::{AutodiffBackend, Backend}};
+use burn::train::metric::{Adaptor, ItemLazy, LossInput, MetricDefinition, MetricId};
 use burn::train::renderer::{
     EvaluationName, EvaluationProgress, MetricState, MetricsRenderer, MetricsRendererEvaluation, MetricsRendererTraining, ProgressType,
     TrainingProgress,
 };
-use burn::train::{ClassificationOutput, InferenceStep, TrainOutput, TrainStep};
+use burn::train::{InferenceStep, TrainOutput, TrainStep};
 use kiln::KilnBackend;
+use kiln::ops::linear_cross_entropy::{LinearCrossEntropyOptions, Reduction};
 
 use crate::model::{Decoder, Projection};
 
@@ -27,25 +29,53 @@ pub struct LmBatch<B: Backend> {
     pub mask: Option<Tensor<B, 2>>,
 }
 
+/// A language-model step's output for Burn's metrics (`LossMetric`): the loss alone. The logits
+/// are never formed whole ([`Decoder::lm_loss`]), and Burn's `ClassificationOutput` would copy
+/// them to the host at every step to feed accuracy metrics (2.1 GB at 8192 tokens of a 128k
+/// vocabulary).
+#[derive(Debug, Clone)]
+pub struct LmOutput<B: Backend> {
+    /// The mean cross-entropy over the counted positions, `[1]`.
+    pub loss: Tensor<B, 1>,
+}
+
+/// Synced to the host as Burn's own outputs are (its `Flex` backend), so that one metric serves
+/// the training and the validation steps.
+impl<B: Backend> ItemLazy for LmOutput<B> {
+    type ItemSync = LmOutput<Flex>;
+
+    fn sync(self) -> LmOutput<Flex> {
+        LmOutput { loss: Tensor::from_data(self.loss.into_data(), &Default::default()) }
+    }
+}
+
+impl<B: Backend> Adaptor<LossInput<B>> for LmOutput<B> {
+    fn adapt(&self) -> LossInput<B> {
+        LossInput::new(self.loss.clone())
+    }
+}
+
 impl<B: KilnBackend, L: Projection<B>> Decoder<B, L> {
     /// Mean cross-entropy of the next-token predictions (over masked positions when a mask is
-    /// given), computed in f32 by kiln's fused `cross_entropy` (no f32 copy of the logits), with
-    /// the logits and targets flattened for Burn's metrics.
-    pub fn lm_loss(&self, batch: LmBatch<B>) -> ClassificationOutput<B> {
-        let logits = self.forward(batch.inputs);
-        let [b, s, v] = logits.dims();
-        let logits = logits.reshape([b * s, v]);
-        let targets = batch.targets.reshape([b * s]);
-        let losses = kiln::ops::cross_entropy(logits.clone(), targets.clone());
-        let loss = match batch.mask {
-            Some(mask) => {
-                let mask = mask.reshape([b * s]).cast(FloatDType::from(losses.dtype()));
-                let count = mask.clone().sum().clamp_min(1.0);
-                (losses * mask).sum() / count
-            }
-            None => losses.mean(),
-        };
-        ClassificationOutput::new(loss, logits, targets)
+    /// given), in f32, from the final hidden states through kiln's fused `linear_cross_entropy`:
+    /// the head's product and the loss chunked over positions, so that the `[tokens, vocab]`
+    /// logits and their gradient are never held whole. A head with a bias (the loaders build
+    /// none) takes the logits and kiln's `cross_entropy` instead.
+    pub fn lm_loss(&self, batch: LmBatch<B>) -> LmOutput<B> {
+        let hidden = self.hidden(batch.inputs, None, &[]);
+        let [b, s, d] = hidden.dims();
+        let mut targets = batch.targets.reshape([b * s]);
+        if let Some(mask) = batch.mask {
+            // Uncounted positions take PyTorch's ignore index, which the loss leaves out.
+            targets = targets.mask_fill(mask.reshape([b * s]).lower_equal_elem(0.0), -100);
+        }
+        if self.lm_head.as_ref().is_some_and(|head| head.bias.is_some()) {
+            let logits = self.logits(hidden).reshape([b * s, self.config.vocab_size]);
+            let counted = targets.clone().greater_equal_elem(0).float().sum().clamp_min(1.0);
+            return LmOutput { loss: kiln::ops::cross_entropy(logits, targets).sum() / counted };
+        }
+        let options = LinearCrossEntropyOptions { reduction: Reduction::Mean, chunk_rows: None };
+        LmOutput { loss: kiln::ops::linear_cross_entropy(hidden.reshape([b * s, d]), self.head_weight(), targets, options) }
     }
 }
 
@@ -56,9 +86,9 @@ where
     L::InnerModule: ModuleDisplay,
 {
     type Input = LmBatch<B>;
-    type Output = ClassificationOutput<B>;
+    type Output = LmOutput<B>;
 
-    fn step(&self, batch: LmBatch<B>) -> TrainOutput<ClassificationOutput<B>> {
+    fn step(&self, batch: LmBatch<B>) -> TrainOutput<LmOutput<B>> {
         let item = self.lm_loss(batch);
         TrainOutput::new(self, item.loss.backward(), item)
     }
@@ -66,9 +96,9 @@ where
 
 impl<B: KilnBackend, L: Projection<B>> InferenceStep for Decoder<B, L> {
     type Input = LmBatch<B>;
-    type Output = ClassificationOutput<B>;
+    type Output = LmOutput<B>;
 
-    fn step(&self, batch: LmBatch<B>) -> ClassificationOutput<B> {
+    fn step(&self, batch: LmBatch<B>) -> LmOutput<B> {
         self.lm_loss(batch)
     }
 }
@@ -167,5 +197,48 @@ impl MetricsRenderer for LineRenderer {
 
     fn register_metric(&mut self, definition: MetricDefinition) {
         self.names.insert(definition.metric_id, definition.name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::{Autodiff, NdArray};
+    use burn::tensor::{Int, Tensor, TensorData};
+
+    use super::LmBatch;
+    use crate::{DecoderConfig, FloatDecoder};
+
+    type B = Autodiff<NdArray>;
+
+    /// `lm_loss` (the fused head + loss) equals the masked mean of `cross_entropy` over the whole
+    /// logits, and so do the head's and the embedding's gradients, tied and untied.
+    #[test]
+    fn lm_loss_equals_the_loss_over_whole_logits() {
+        let device = Default::default();
+        let ids = |shift: usize| (0..24).map(|i| ((i * 7 + shift) % 40) as i64).collect::<Vec<_>>();
+        let tokens = Tensor::<B, 2, Int>::from_data(TensorData::new(ids(0), [2, 12]), &device);
+        let targets = Tensor::<B, 2, Int>::from_data(TensorData::new(ids(3), [2, 12]), &device);
+        let mask = Tensor::<B, 2>::from_data(TensorData::new((0..24).map(|i| (i % 5 != 1) as u8 as f32).collect::<Vec<_>>(), [2, 12]), &device);
+        for tied in [true, false] {
+            let model: FloatDecoder<B> = DecoderConfig::new(40, 16, 32, 2, 4, 2, 4).with_max_positions(16).with_tie_embeddings(tied).init(&device);
+            let batch = LmBatch { inputs: tokens.clone(), targets: targets.clone(), mask: Some(mask.clone()) };
+            let fused = model.lm_loss(batch).loss;
+            let logits = model.forward(tokens.clone()).reshape([24, 40]);
+            let m = mask.clone().reshape([24]);
+            let composed = (kiln::ops::cross_entropy(logits, targets.clone().reshape([24])) * m.clone()).sum() / m.sum();
+            let (a, b) = (fused.clone().into_scalar(), composed.clone().into_scalar());
+            assert!((a - b).abs() < 1e-5, "tied {tied}: fused {a} vs composed {b}");
+            let (gf, gc) = (fused.backward(), composed.backward());
+            let embed = |g| model.embed_tokens.weight.grad(g).unwrap().into_data().to_vec::<f32>().unwrap();
+            let mut pairs = vec![(embed(&gf), embed(&gc))];
+            if let Some(head) = &model.lm_head {
+                let w = |g| head.weight.grad(g).unwrap().into_data().to_vec::<f32>().unwrap();
+                pairs.push((w(&gf), w(&gc)));
+            }
+            for (f, c) in pairs {
+                let worst = f.iter().zip(&c).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+                assert!(worst < 1e-5, "tied {tied}: gradients differ by {worst}");
+            }
+        }
     }
 }

@@ -9,17 +9,17 @@ pub mod graph;
 
 use crate::ops::{
     cross_entropy::CrossEntropyBackend, flash_attention::FlashAttentionBackend, matmul::MatmulBackend, rms_norm::RmsNormBackend, rms_norm_rope::RmsNormRopeBackend,
-    lora::LoraBackend, nf4::Nf4Backend, rope::RopeBackend, sketch::SketchBackend, swiglu::SwiGluBackend, ternary::TernaryBackend, trit::TritBackend,
+    linear_cross_entropy::LinearCrossEntropyBackend, lora::LoraBackend, nf4::Nf4Backend, rope::RopeBackend, sketch::SketchBackend, swiglu::SwiGluBackend, ternary::TernaryBackend, trit::TritBackend,
 };
 
 /// Every kiln op. Implemented for each backend that implements every op family.
 pub trait KilnBackend:
-    RmsNormBackend + RopeBackend + RmsNormRopeBackend + SwiGluBackend + FlashAttentionBackend + MatmulBackend + Nf4Backend + LoraBackend + TritBackend + SketchBackend + TernaryBackend + CrossEntropyBackend
+    RmsNormBackend + RopeBackend + RmsNormRopeBackend + SwiGluBackend + FlashAttentionBackend + MatmulBackend + Nf4Backend + LoraBackend + TritBackend + SketchBackend + TernaryBackend + CrossEntropyBackend + LinearCrossEntropyBackend
 {
 }
 
 impl<B> KilnBackend for B where
-    B: RmsNormBackend + RopeBackend + RmsNormRopeBackend + SwiGluBackend + FlashAttentionBackend + MatmulBackend + Nf4Backend + LoraBackend + TritBackend + SketchBackend + TernaryBackend + CrossEntropyBackend
+    B: RmsNormBackend + RopeBackend + RmsNormRopeBackend + SwiGluBackend + FlashAttentionBackend + MatmulBackend + Nf4Backend + LoraBackend + TritBackend + SketchBackend + TernaryBackend + CrossEntropyBackend + LinearCrossEntropyBackend
 {
 }
 

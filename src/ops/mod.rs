@@ -4,6 +4,7 @@
 pub mod cross_entropy;
 pub mod dora;
 pub mod flash_attention;
+pub mod linear_cross_entropy;
 pub mod lora;
 pub mod matmul;
 pub mod nf4;
@@ -18,6 +19,7 @@ pub mod trit;
 pub use cross_entropy::cross_entropy;
 pub use dora::{dora, dora_norm};
 pub use flash_attention::{AttentionOptions, flash_attention};
+pub use linear_cross_entropy::linear_cross_entropy;
 pub use lora::lora;
 pub use matmul::{linear, linear_residual, matmul};
 pub use nf4::matmul_4bit;

@@ -465,3 +465,48 @@ impl Case for CrossEntropyCase {
         3 * self.rows * self.width
     }
 }
+
+/// `linear_cross_entropy(hidden [rows, d], weight [d, vocab], targets)`, the weight given as is
+/// or (`tied`) as the transpose of a `[vocab, d]` tensor, as a tied embedding enters.
+#[derive(Debug)]
+pub struct LinearCrossEntropyCase {
+    pub rows: usize,
+    pub d: usize,
+    pub vocab: usize,
+    pub chunk_rows: Option<usize>,
+    pub reduction: ops::linear_cross_entropy::Reduction,
+    pub tied: bool,
+    pub ignore_every: usize,
+    pub seed: u64,
+}
+
+impl Case for LinearCrossEntropyCase {
+    fn run<B: KilnAutodiffBackend>(&self, device: &B::Device, dtype: DType, kernel: bool) -> Outputs {
+        use ops::linear_cross_entropy::{LinearCrossEntropyOptions, reference};
+        // Logits of unit scale: hidden ~ N(0, 1/d), weight ~ N(0, 1).
+        let shrink = 1.0 / (self.d as f64).sqrt();
+        let scaled: Vec<f64> = random(&[self.rows, self.d], self.seed).to_vec::<f64>().unwrap().iter().map(|v| v * shrink).collect();
+        let h = tensor::<B, 2>(&burn::tensor::TensorData::new(scaled, [self.rows, self.d]), dtype, device).require_grad();
+        let stored = if self.tied { [self.vocab, self.d] } else { [self.d, self.vocab] };
+        let w = tensor::<B, 2>(&random(&stored, self.seed + 1), dtype, device).require_grad();
+        let weight = if self.tied { w.clone().transpose() } else { w.clone() };
+        let targets = CrossEntropyCase { rows: self.rows, width: self.vocab, scale: 1.0, ignore_every: self.ignore_every, seed: self.seed }.targets();
+        let t = Tensor::<B, 1, burn::tensor::Int>::from_data(burn::tensor::TensorData::new(targets, [self.rows]), device);
+        let loss = if kernel {
+            let options = LinearCrossEntropyOptions { reduction: self.reduction, chunk_rows: self.chunk_rows };
+            ops::linear_cross_entropy(h.clone(), weight, t, options)
+        } else {
+            wrap(reference::loss::<B>(prim(h.clone()), prim(weight), t.into_primitive(), self.reduction))
+        };
+        let grads = weighted(loss.clone(), self.seed + 2, device).backward();
+        vec![("loss", values(loss)), ("dhidden", grad(&h, &grads)), ("dweight", grad(&w, &grads))]
+    }
+
+    fn depth(&self) -> f64 {
+        self.rows.max(self.d).max(self.vocab) as f64
+    }
+
+    fn footprint(&self) -> usize {
+        3 * self.rows * self.vocab + 2 * self.d * self.vocab
+    }
+}

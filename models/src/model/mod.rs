@@ -274,11 +274,20 @@ impl<B: KilnBackend, L: Projection<B>> Decoder<B, L> {
         }
     }
 
-    /// Logits of hidden states through the output head (the embedding, transposed, when tied).
+    /// Logits of hidden states through the output head.
     pub fn logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
         match &self.lm_head {
             Some(head) => head.forward(hidden),
-            None => kiln::ops::linear(hidden, self.embed_tokens.weight.val().transpose(), None),
+            None => kiln::ops::linear(hidden, self.head_weight(), None),
+        }
+    }
+
+    /// The output head's weight `[hidden, vocab]` (Burn's `[in, out]`): the embedding, transposed,
+    /// when tied.
+    pub fn head_weight(&self) -> Tensor<B, 2> {
+        match &self.lm_head {
+            Some(head) => head.weight.val(),
+            None => self.embed_tokens.weight.val().transpose(),
         }
     }
 

@@ -1,0 +1,68 @@
+//! The fused linear cross-entropy on CUDA: parity (the loss and both gradients against composed
+//! Burn ops, chunked and whole), and a language model's head and loss timed fused and unfused
+//! (`ops::linear` + `ops::cross_entropy`), with the weight trained and frozen (QLoRA), and the
+//! memory each keeps for its backward (`benches/peers/linear_cross_entropy.py` runs torch and
+//! Liger-Kernel's fused linear cross-entropy at the same shapes in the same call).
+
+use burn::backend::cuda::CudaDevice;
+use burn::tensor::{Int, Tensor, TensorData};
+use kiln::ops::{self, linear_cross_entropy::{LinearCrossEntropyOptions, Reduction}};
+
+use super::common::checks::LinearCrossEntropyCase;
+use super::{Ad, B, bf16, held_by, time_adaptive};
+
+/// `(rows, hidden, vocab)`: Llama-3.2-1B at 4 × 2048 tokens, Llama-3-8B at 2 × 2048, Qwen2.5-7B at
+/// 2 × 2048.
+const SHAPES: [(usize, usize, usize); 3] = [(8192, 2048, 128_256), (4096, 4096, 128_256), (4096, 3584, 152_064)];
+
+/// Calls a timed sample keeps alive (each holds a weight-sized gradient).
+const STEP_CALLS: usize = 2;
+
+pub fn parity_cases() -> Vec<LinearCrossEntropyCase> {
+    let case = |rows, d, vocab, chunk_rows, tied, seed| LinearCrossEntropyCase { rows, d, vocab, chunk_rows, reduction: Reduction::Mean, tied, ignore_every: 3, seed };
+    vec![case(300, 256, 32_000, Some(128), true, 30), case(77, 512, 128_256, None, true, 31), case(130, 64, 5003, Some(64), false, 32)]
+}
+
+/// Targets spread over the vocabulary, every tenth ignored (−100), as the cross-entropy bench's.
+fn targets(rows: usize, vocab: usize, device: &CudaDevice) -> Tensor<B, 1, Int> {
+    let values: Vec<i64> = (0..rows).map(|r| if r % 10 == 3 { -100 } else { ((r as u64 * 2_654_435_761) % vocab as u64) as i64 }).collect();
+    Tensor::from_data(TensorData::new(values, [rows]), device)
+}
+
+fn row(name: &str, seconds: f64, held: Option<f64>) {
+    let held = held.map_or(String::new(), |h| format!("  holds {:.1} MB for the backward", h / 1e6));
+    println!("bench {name:<72} {:>8.3} ms{held}", seconds * 1e3);
+}
+
+/// The unfused loss: the logits by kiln's GEMM, then kiln's cross-entropy, mean over counted rows.
+fn unfused(h: Tensor<Ad, 2>, w: Tensor<Ad, 2>, t: Tensor<Ad, 1, Int>) -> Tensor<Ad, 1> {
+    let counted = t.clone().greater_equal_elem(0).float().sum().clamp_min(1.0);
+    ops::cross_entropy(ops::linear(h, w, None), t).sum() / counted
+}
+
+fn fused(h: Tensor<Ad, 2>, w: Tensor<Ad, 2>, t: Tensor<Ad, 1, Int>) -> Tensor<Ad, 1> {
+    ops::linear_cross_entropy(h, w, t, LinearCrossEntropyOptions::default())
+}
+
+pub fn bench(device: &CudaDevice) {
+    for (rows, d, vocab) in SHAPES {
+        let shape = format!("[{rows}, {d}] x [{d}, {vocab}] bf16");
+        let h = Tensor::<Ad, 2>::from_inner(bf16::<B, 2>([rows, d], device)).require_grad();
+        // The weight as a tied embedding (and Liger) stores it, `[vocab, d]`, entering transposed.
+        let stored = Tensor::<Ad, 2>::from_inner(bf16::<B, 2>([vocab, d], device).mul_scalar(0.05));
+        let t = Tensor::<Ad, 1, Int>::from_inner(targets(rows, vocab, device));
+        let (trained, frozen) = (stored.clone().require_grad().transpose(), stored.clone().transpose());
+        let loss = time_adaptive(device, 0.3, 10, || ops::linear_cross_entropy(h.clone().inner(), frozen.clone().inner(), t.clone().inner(), Default::default()));
+        row(&format!("kiln linear_cross_entropy loss only {shape}"), loss, None);
+        for (weight, w) in [("trained", &trained), ("frozen", &frozen)] {
+            let held = held_by(device, || fused(h.clone(), w.clone(), t.clone())).0;
+            let step = time_adaptive(device, 0.3, STEP_CALLS, || fused(h.clone(), w.clone(), t.clone()).backward());
+            row(&format!("kiln linear_cross_entropy fwd+bwd, weight {weight} {shape}"), step, Some(held));
+            let held = held_by(device, || unfused(h.clone(), w.clone(), t.clone())).0;
+            let step = time_adaptive(device, 0.3, STEP_CALLS, || unfused(h.clone(), w.clone(), t.clone()).backward());
+            row(&format!("kiln linear + cross_entropy fwd+bwd, weight {weight} {shape}"), step, Some(held));
+        }
+        let (a, b) = (fused(h.clone(), trained.clone(), t.clone()).into_scalar() as f64, unfused(h.clone(), trained.clone(), t.clone()).into_scalar() as f64);
+        println!("bench linear_cross_entropy {shape} mean loss fused {a:.6} unfused {b:.6} (|diff| {:.2e})", (a - b).abs());
+    }
+}
