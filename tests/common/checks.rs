@@ -502,8 +502,12 @@ impl Case for LinearCrossEntropyCase {
         vec![("loss", values(loss)), ("dhidden", grad(&h, &grads)), ("dweight", grad(&w, &grads))]
     }
 
+    /// The products' reductions (`d` for the logits, `rows` for `dW`). The vocabulary-wide sums
+    /// are left out: with them the rounding term of f16/bf16 grew past the outputs themselves
+    /// (42nd session's bf16 parity: bound 2.8 on gradients of 1e-2), and both paths' rounding of
+    /// those sums is in the reference's error already.
     fn depth(&self) -> f64 {
-        self.rows.max(self.d).max(self.vocab) as f64
+        self.rows.max(self.d) as f64
     }
 
     fn footprint(&self) -> usize {
