@@ -48,7 +48,7 @@ pub(super) fn run<B: MatmulBackend + CrossEntropyBackend>(
     let chunk = options.chunk_rows.unwrap_or_else(|| default_chunk_rows(rows, vocab, hidden.dtype().size()));
     let targets = Tensor::<B, 1, Int>::from_primitive(targets);
     let g = reduction_weight(&targets, options.reduction, &hidden);
-    let (hidden, weight) = (wrap::<B, 2>(hidden), weight);
+    let hidden = wrap::<B, 2>(hidden);
     let mut losses = Vec::new();
     let mut dhidden = Vec::new();
     let mut dweight: Option<FloatTensor<B>> = None;
