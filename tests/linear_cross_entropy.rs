@@ -20,10 +20,14 @@ fn cases() -> Vec<LinearCrossEntropyCase> {
     ]
 }
 
+/// On lavapipe the first three cases only (two shapes): every new product shape autotunes Burn's
+/// matmul there, and all five took 8.5 minutes of CI's wall time (42nd session, beside other
+/// tests). The other two (vocabularies of 1000 and 5003) run on NdArray below; the GPU check's
+/// parity runs the op on CUDA.
 #[test]
 fn linear_cross_entropy_matches_reference_on_wgpu() {
     let Some(device) = common::wgpu_device() else { return };
-    assert_cases::<Autodiff<burn::backend::Wgpu>, _>(&cases(), &device, &[DType::F32, DType::F16]);
+    assert_cases::<Autodiff<burn::backend::Wgpu>, _>(&cases()[..3], &device, &[DType::F32, DType::F16]);
 }
 
 #[test]
