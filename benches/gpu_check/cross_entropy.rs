@@ -28,7 +28,7 @@ pub fn parity_cases() -> Vec<CrossEntropyCase> {
 }
 
 /// Targets spread over the vocabulary, every tenth ignored (−100).
-fn targets(rows: usize, vocab: usize, device: &CudaDevice) -> (Tensor<B, 1, Int>, usize) {
+pub(super) fn targets(rows: usize, vocab: usize, device: &CudaDevice) -> (Tensor<B, 1, Int>, usize) {
     let values: Vec<i64> = (0..rows).map(|r| if r % 10 == 3 { -100 } else { ((r as u64 * 2_654_435_761) % vocab as u64) as i64 }).collect();
     let counted = values.iter().filter(|&&t| t >= 0).count();
     (Tensor::from_data(TensorData::new(values, [rows]), device), counted)

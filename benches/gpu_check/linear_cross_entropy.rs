@@ -5,7 +5,7 @@
 //! Liger-Kernel's fused linear cross-entropy at the same shapes in the same call).
 
 use burn::backend::cuda::CudaDevice;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{Int, Tensor};
 use kiln::ops::{self, linear_cross_entropy::{LinearCrossEntropyOptions, Reduction}};
 
 use super::common::checks::LinearCrossEntropyCase;
@@ -24,12 +24,6 @@ pub fn parity_cases() -> Vec<LinearCrossEntropyCase> {
     // Small products: the reference's Burn matmul autotunes every new shape (300 × 256 × 32000 took
     // two minutes in the 42nd session's first call).
     vec![case(70, 64, 32_000, Some(32), true, 30), case(33, 128, 128_256, None, false, 31)]
-}
-
-/// Targets spread over the vocabulary, every tenth ignored (−100), as the cross-entropy bench's.
-fn targets(rows: usize, vocab: usize, device: &CudaDevice) -> Tensor<B, 1, Int> {
-    let values: Vec<i64> = (0..rows).map(|r| if r % 10 == 3 { -100 } else { ((r as u64 * 2_654_435_761) % vocab as u64) as i64 }).collect();
-    Tensor::from_data(TensorData::new(values, [rows]), device)
 }
 
 fn row(name: &str, seconds: f64, held: Option<f64>) {
@@ -53,7 +47,7 @@ pub fn bench(device: &CudaDevice) {
         let h = Tensor::<Ad, 2>::from_inner(bf16::<B, 2>([rows, d], device)).require_grad();
         // The weight as a tied embedding (and Liger) stores it, `[vocab, d]`, entering transposed.
         let stored = Tensor::<Ad, 2>::from_inner(bf16::<B, 2>([vocab, d], device).mul_scalar(0.05));
-        let t = Tensor::<Ad, 1, Int>::from_inner(targets(rows, vocab, device));
+        let t = Tensor::<Ad, 1, Int>::from_inner(super::cross_entropy::targets(rows, vocab, device).0);
         let (trained, frozen) = (stored.clone().require_grad().transpose(), stored.clone().transpose());
         let loss = time_adaptive(device, 0.3, 10, || ops::linear_cross_entropy(h.clone().inner(), frozen.clone().inner(), t.clone().inner(), Default::default()));
         row(&format!("kiln linear_cross_entropy loss only {shape}"), loss, None);
