@@ -92,3 +92,18 @@ fn linear_cross_entropy_rejects_bad_shapes() {
     let msg = common::panic_message(|| kiln::ops::linear_cross_entropy(h, Tensor::<NdArray, 2>::ones([8, 5], &device), t, options));
     assert!(msg.contains("chunk_rows"), "{msg}");
 }
+
+/// Default chunks: 256 MB of logits, whole 64-row tiles, never more rows than there are; a trained
+/// weight's chunks at least `TRAINED_CHUNK_ROWS` rows (each chunk past the first adds a pass over
+/// `dW`); at least one row whatever the vocabulary.
+#[test]
+fn linear_cross_entropy_default_chunks() {
+    use kiln::ops::linear_cross_entropy::{TRAINED_CHUNK_ROWS, default_chunk_rows};
+    // 256 MiB / (128256 × 2 bytes) = 1046.5 rows, cut to 16 tiles of 64.
+    assert_eq!(default_chunk_rows(8192, 128_256, 2, false), 1024);
+    assert_eq!(default_chunk_rows(8192, 128_256, 2, true), TRAINED_CHUNK_ROWS.max(1024));
+    assert_eq!(default_chunk_rows(8192, 32_000, 4, true), 2048);
+    assert_eq!(default_chunk_rows(300, 128_256, 2, true), 300);
+    assert_eq!(default_chunk_rows(300, 128_256, 2, false), 300);
+    assert_eq!(default_chunk_rows(5, 1 << 30, 4, false), 1);
+}

@@ -38,7 +38,22 @@ fn unfused(h: Tensor<Ad, 2>, w: Tensor<Ad, 2>, t: Tensor<Ad, 1, Int>) -> Tensor<
 }
 
 fn fused(h: Tensor<Ad, 2>, w: Tensor<Ad, 2>, t: Tensor<Ad, 1, Int>) -> Tensor<Ad, 1> {
-    ops::linear_cross_entropy(h, w, t, LinearCrossEntropyOptions::default())
+    chunked(h, w, t, None)
+}
+
+fn chunked(h: Tensor<Ad, 2>, w: Tensor<Ad, 2>, t: Tensor<Ad, 1, Int>, chunk_rows: Option<usize>) -> Tensor<Ad, 1> {
+    ops::linear_cross_entropy(h, w, t, LinearCrossEntropyOptions { chunk_rows, ..Default::default() })
+}
+
+/// The trained weight at other chunk lengths than the default: each chunk past the first adds a
+/// pass over `dW`, and each row of a chunk holds a row of logits and of their gradient.
+fn trained_chunks(device: &CudaDevice, h: &Tensor<Ad, 2>, w: &Tensor<Ad, 2>, t: &Tensor<Ad, 1, Int>, shape: &str) {
+    let rows = h.dims()[0];
+    for chunk in [1024, 2048, 4096, rows] {
+        let held = held_by(device, || chunked(h.clone(), w.clone(), t.clone(), Some(chunk))).0;
+        let step = time_adaptive(device, 0.3, STEP_CALLS, || chunked(h.clone(), w.clone(), t.clone(), Some(chunk)).backward());
+        row(&format!("kiln linear_cross_entropy fwd+bwd, weight trained, {chunk} rows a chunk {shape}"), step, Some(held));
+    }
 }
 
 pub fn bench(device: &CudaDevice) {
@@ -59,6 +74,7 @@ pub fn bench(device: &CudaDevice) {
             let step = time_adaptive(device, 0.3, STEP_CALLS, || unfused(h.clone(), w.clone(), t.clone()).backward());
             row(&format!("kiln linear + cross_entropy fwd+bwd, weight {weight} {shape}"), step, Some(held));
         }
+        trained_chunks(device, &h, &trained, &t, &shape);
         let (a, b) = (fused(h.clone(), trained.clone(), t.clone()).into_scalar() as f64, unfused(h.clone(), trained.clone(), t.clone()).into_scalar() as f64);
         println!("bench linear_cross_entropy {shape} mean loss fused {a:.6} unfused {b:.6} (|diff| {:.2e})", (a - b).abs());
     }

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::io::IsTerminal;
+use std::sync::OnceLock;
 
 use burn::backend::Flex;
 use burn::module::{AutodiffModule, ModuleDisplay};
@@ -61,8 +62,10 @@ impl<B: KilnBackend, L: Projection<B>> Decoder<B, L> {
     /// fused `linear_cross_entropy`: the head's product and the loss chunked over positions, so
     /// that the `[tokens, vocab]` logits and their gradient are never held whole. A trained head
     /// (and a head with a bias, which the loaders never build) takes the whole logits and kiln's
-    /// `cross_entropy`: with the head's weight gradient summed over chunks the fused op ran 0.91×
-    /// as fast, and a whole training step held more device memory (RESULTS, 42nd session, H200).
+    /// `cross_entropy`: with the head's weight gradient summed over chunks the fused op ran
+    /// 0.93–0.98× as fast, and a whole QAT or float training step reserved 1.1 GB more device
+    /// memory (RESULTS, 43rd session, H200). `KILN_LM_LOSS=fused|logits` forces one path for any
+    /// head without a bias (for measuring one against the other).
     pub fn lm_loss(&self, batch: LmBatch<B>) -> LmOutput<B> {
         let hidden = self.hidden(batch.inputs, None, &[]);
         let [b, s, d] = hidden.dims();
@@ -77,7 +80,8 @@ impl<B: KilnBackend, L: Projection<B>> Decoder<B, L> {
             Some(head) => head.weight.val().is_require_grad(),
             None => self.embed_tokens.weight.val().is_require_grad(),
         };
-        if trained || self.lm_head.as_ref().is_some_and(|head| head.bias.is_some()) {
+        let biased = self.lm_head.as_ref().is_some_and(|head| head.bias.is_some());
+        if biased || forced_loss_path().unwrap_or(trained) {
             let logits = self.logits(hidden).reshape([b * s, self.config.vocab_size]);
             let counted = targets.clone().greater_equal_elem(0).float().sum().clamp_min(1.0);
             return LmOutput { loss: kiln::ops::cross_entropy(logits, targets).sum() / counted };
@@ -85,6 +89,17 @@ impl<B: KilnBackend, L: Projection<B>> Decoder<B, L> {
         let options = LinearCrossEntropyOptions { reduction: Reduction::Mean, chunk_rows: None };
         LmOutput { loss: kiln::ops::linear_cross_entropy(hidden.reshape([b * s, d]), self.head_weight(), targets, options) }
     }
+}
+
+/// `KILN_LM_LOSS`: `Some(true)` for `logits` (the loss over the whole logits), `Some(false)` for
+/// `fused`, `None` when unset (chosen by the head).
+fn forced_loss_path() -> Option<bool> {
+    static FORCED: OnceLock<Option<bool>> = OnceLock::new();
+    *FORCED.get_or_init(|| match std::env::var("KILN_LM_LOSS").as_deref() {
+        Ok("logits") => Some(true),
+        Ok("fused") => Some(false),
+        _ => None,
+    })
 }
 
 impl<B, L> TrainStep for Decoder<B, L>

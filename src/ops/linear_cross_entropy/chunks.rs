@@ -45,7 +45,7 @@ pub(super) fn run<B: MatmulBackend + CrossEntropyBackend>(
     wanted: Wanted,
 ) -> Output<FloatTensor<B>> {
     let ([rows, d], vocab) = (hidden.shape().dims(), weight.shape()[1]);
-    let chunk = options.chunk_rows.unwrap_or_else(|| default_chunk_rows(rows, vocab, hidden.dtype().size()));
+    let chunk = options.chunk_rows.unwrap_or_else(|| default_chunk_rows(rows, vocab, hidden.dtype().size(), wanted.weight));
     let targets = Tensor::<B, 1, Int>::from_primitive(targets);
     let g = reduction_weight(&targets, options.reduction, &hidden);
     let hidden = wrap::<B, 2>(hidden);

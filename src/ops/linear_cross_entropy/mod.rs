@@ -47,16 +47,22 @@ pub struct LinearCrossEntropyOptions {
 }
 
 /// Bytes of logits a chunk holds by default. Its gradient takes as much again while the chunk is
-/// processed, and every chunk past the first adds one read and one write of `dW` when the weight
-/// is trained, so chunks are as large as this budget allows.
+/// processed.
 pub const CHUNK_BYTES: usize = 256 << 20;
 
-/// Rows a chunk of `vocab` logits of `elem_size` bytes holds under [`CHUNK_BYTES`]: at least one,
-/// a multiple of 64 (whole GEMM tiles) when there are more.
-pub fn default_chunk_rows(rows: usize, vocab: usize, elem_size: usize) -> usize {
+/// Rows a chunk holds at least by default when the weight is trained: every chunk past the first
+/// reads and writes the whole `dW` once more (its product adds into it), so a chunk must be long
+/// enough for its three head-sized products to dwarf that pass.
+pub const TRAINED_CHUNK_ROWS: usize = 2048;
+
+/// Rows a chunk of `vocab` logits of `elem_size` bytes holds under [`CHUNK_BYTES`] (at least
+/// [`TRAINED_CHUNK_ROWS`] for a `trained` weight), a multiple of 64 (whole GEMM tiles) when that
+/// is more than one, and at most `rows`.
+pub fn default_chunk_rows(rows: usize, vocab: usize, elem_size: usize, trained: bool) -> usize {
     let fit = (CHUNK_BYTES / (vocab * elem_size).max(1)).max(1);
     let tiled = if fit >= 64 { fit / 64 * 64 } else { fit };
-    tiled.min(rows.max(1))
+    let floor = if trained { TRAINED_CHUNK_ROWS } else { 1 };
+    tiled.max(floor).min(rows.max(1))
 }
 
 /// Backend support for the fused linear cross-entropy. The default method runs the chunk loop on

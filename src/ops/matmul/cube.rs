@@ -29,9 +29,16 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> MatmulBack
             out = skinny(&lhs, &rhs, bias.as_ref(), residual.as_ref(), views.layout, wanted);
         }
         #[cfg(feature = "cuda")]
-        if out.is_none() && path != Path::Burn {
-            out = cuda::gemm(&lhs, &rhs, bias.as_ref(), residual.as_ref(), views.layout, views.scale);
-        }
+        let residual = match out.is_none() && path != Path::Burn {
+            true => match cuda::gemm(&lhs, &rhs, bias.as_ref(), residual, views.layout, views.scale) {
+                Ok(product) => {
+                    out = Some(product);
+                    None
+                }
+                Err(residual) => residual,
+            },
+            false => residual,
+        };
         let out = out.unwrap_or_else(|| reference::product::<Self>(lhs, rhs, bias, residual, views.layout, views.scale));
         Self::float_reshape(out, views.out)
     }
@@ -159,7 +166,7 @@ pub(crate) use cuda::gemm_i8;
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use burn::tensor::{Shape, TensorMetadata};
+    use burn::tensor::TensorMetadata;
     use burn_cubecl::{CubeRuntime, tensor::CubeTensor};
 
     use super::super::{GemmLayout, cublaslt, output_shape};
@@ -180,40 +187,48 @@ mod cuda {
         }
     }
 
-    /// The product on cuBLASLt, wherever it can run. On the H100 (bf16, Llama shapes,
-    /// `benches/RESULTS.md` 2026-11-23) it ran at 1.07-3.3× Burn's matmul from M = 512 up, so
-    /// there is no crossover to Burn's matmul to keep.
+    /// The product on cuBLASLt, wherever it can run; where it cannot, the residual comes back
+    /// (`Err`) for the caller's path. On the H100 (bf16, Llama shapes, `benches/RESULTS.md`
+    /// 2026-11-23) it ran at 1.07-3.3× Burn's matmul from M = 512 up, so there is no crossover to
+    /// Burn's matmul to keep.
+    ///
+    /// A residual nothing else holds becomes the output (cuBLASLt's `C = D`): a sum of products
+    /// built up as each one's residual (the weight gradient of a chunked loss, `dW += xᵀ·dy`)
+    /// then keeps one buffer instead of allocating, reading and writing a second each time.
     pub(super) fn gemm<R: CubeRuntime>(
         lhs: &CubeTensor<R>,
         rhs: &CubeTensor<R>,
         bias: Option<&CubeTensor<R>>,
-        residual: Option<&CubeTensor<R>>,
+        residual: Option<CubeTensor<R>>,
         layout: GemmLayout,
         scale: f32,
-    ) -> Option<CubeTensor<R>> {
-        let index = crate::backend::cube::cuda::device_index(lhs)?;
-        let out_shape: Shape = output_shape(&lhs.shape(), &rhs.shape(), layout)?;
+    ) -> Result<CubeTensor<R>, Option<CubeTensor<R>>> {
+        let Some(index) = crate::backend::cube::cuda::device_index(lhs) else { return Err(residual) };
+        let Some(out_shape) = output_shape(&lhs.shape(), &rhs.shape(), layout) else { return Err(residual) };
         let k = if layout.transpose_lhs { lhs.shape()[1] } else { lhs.shape()[2] };
         if out_shape.num_elements() == 0 || k == 0 {
-            return None;
+            return Err(residual);
         }
         let (lhs, transpose_lhs) = readable(lhs, layout.transpose_lhs);
         let (rhs, transpose_rhs) = readable(rhs, layout.transpose_rhs);
         let bias = bias.map(|b| dense(b.clone()));
-        let residual = residual.map(|r| dense(r.clone()));
-        let out = empty_like_device(&lhs, out_shape, lhs.dtype);
+        let in_place = residual.as_ref().is_some_and(|r| r.can_mut() && r.is_contiguous() && r.dtype == lhs.dtype && r.shape() == out_shape);
+        let (residual, out) = match residual {
+            Some(r) if in_place => (None, r),
+            residual => (residual.map(dense), empty_like_device(&lhs, out_shape, lhs.dtype)),
+        };
         let args = cublaslt::GemmArgs {
             lhs: &lhs,
             rhs: &rhs,
             bias: bias.as_ref(),
-            residual: residual.as_ref(),
+            residual: if in_place { Some(&out) } else { residual.as_ref() },
             out: &out,
             layout: GemmLayout::new(transpose_lhs, transpose_rhs),
             scale,
         };
         match cublaslt::gemm(&args, index) {
-            Ok(true) => Some(out),
-            Ok(false) => None,
+            Ok(true) => Ok(out),
+            Ok(false) => Err(if in_place { Some(out) } else { residual }),
             Err(e) => panic!("kiln::matmul: cuBLASLt failed for lhs {:?} rhs {:?} ({:?}): {e}", lhs.shape().as_slice(), rhs.shape().as_slice(), lhs.dtype),
         }
     }

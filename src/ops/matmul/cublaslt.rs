@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Mutex, OnceLock};
 
-use burn::tensor::DType;
+use burn::tensor::{DType, TensorMetadata};
 use burn_cubecl::{CubeRuntime, tensor::CubeTensor};
 use cubecl::cuda::CudaRuntime;
 use cubecl::prelude::ComputeClient;
@@ -22,6 +22,7 @@ use cudarc::driver::{result as drv, sys as dsys};
 
 use super::GemmLayout;
 use super::stream_order::{Lane, Ordering, StreamOrder};
+use crate::backend::cube::empty_like_device;
 
 /// One matrix operand as cuBLASLt sees it: a column-major view of row-major storage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -364,8 +365,9 @@ unsafe fn heuristic_candidates(
 /// events on the product's stream) and return the fastest. cuBLASLt's heuristic ranks by a model of the
 /// device; measuring its top candidates once per shape is what PyTorch's TunableOp does (on the
 /// H100 runs of 2026-11-23 this was not measured apart from the SM-target change that came with
-/// it). Runs on the product's own lane, ordered after its producers; the runs only write the fresh
-/// output (bias and residual make them idempotent), which the real launch after this overwrites.
+/// it). Runs on the product's own lane, ordered after its producers; the runs only write an output
+/// that is not an input (bias and residual make them idempotent), which the real launch after this
+/// overwrites or which is scratch.
 fn tune(stream: dsys::CUstream, candidates: &[Algo], run: impl Fn(&Algo) -> Result<(), String>) -> Result<Algo, String> {
     if candidates.len() == 1 {
         return Ok(candidates[0]);
@@ -494,7 +496,7 @@ fn run<R: CubeRuntime>(engine: &mut Engine, client: &ComputeClient<CudaRuntime>,
         (&alpha as *const f32 as *const c_void, &beta as *const f32 as *const c_void)
     };
     let c = p_residual.unwrap_or(p_out);
-    let launch = |lane: Lane, algo: &Algo| unsafe {
+    let launch = |lane: Lane, algo: &Algo, p_out: u64| unsafe {
         // SAFETY: every pointer is a live CubeCL allocation of the shape its layout describes, kept
         // alive (and unreused) until CubeCL's stream passes the point ordered after this launch.
         lt::matmul(
@@ -518,8 +520,13 @@ fn run<R: CubeRuntime>(engine: &mut Engine, client: &ComputeClient<CudaRuntime>,
         .map_err(|e| format!("cublasLtMatmul: {e:?}"))
     };
     if candidates.is_empty() {
-        return engine.ordering.ordered(client, false, |lane| launch(lane, &plan.algo)).map(|()| true);
+        return engine.ordering.ordered(client, false, |lane| launch(lane, &plan.algo, p_out)).map(|()| true);
     }
+    // Timing runs must leave the output as one run would: an output that is also the residual
+    // (`C = D`, accumulated in place) would take the product once a run, so they write a scratch
+    // tensor instead, freed after `tune` has waited for them.
+    let scratch = (p_residual == Some(p_out)).then(|| empty_like_device(a.out, a.out.shape(), a.out.dtype));
+    let p_timed = scratch.as_ref().map(ptr).transpose()?.unwrap_or(p_out);
     // A plan's first product: its kernels load now (see `Ordering::ordered`) and its candidates
     // are timed, unless the stream is being captured into a CUDA graph (`backend::graph`), where
     // waiting for the timing events would break the capture: the heuristic's choice runs then,
@@ -527,12 +534,13 @@ fn run<R: CubeRuntime>(engine: &mut Engine, client: &ComputeClient<CudaRuntime>,
     let mut chosen = None;
     engine.ordering.ordered(client, true, |lane| {
         if capturing(lane.stream) {
-            return launch(lane, &plan.algo);
+            return launch(lane, &plan.algo, p_out);
         }
-        let best = tune(lane.stream, &candidates, |algo| launch(lane, algo))?;
+        let best = tune(lane.stream, &candidates, |algo| launch(lane, algo, p_timed))?;
         chosen = Some(best);
-        launch(lane, &best)
+        launch(lane, &best, p_out)
     })?;
+    drop(scratch);
     let cached = engine.plans.get_mut(&key).expect("built above");
     match chosen {
         Some(algo) => cached.parts.algo = algo,
