@@ -103,6 +103,9 @@ fn linear_cross_entropy_default_chunks() {
     assert_eq!(default_chunk_rows(8192, 128_256, 2, false), 1024);
     assert_eq!(default_chunk_rows(8192, 128_256, 2, true), TRAINED_CHUNK_ROWS.max(1024));
     assert_eq!(default_chunk_rows(8192, 32_000, 4, true), 2048);
+    // f32 at 152064 classes: 441 rows fit, 384 in tiles; a trained weight takes its floor.
+    assert_eq!(default_chunk_rows(8192, 152_064, 4, false), 384);
+    assert_eq!(default_chunk_rows(8192, 152_064, 4, true), TRAINED_CHUNK_ROWS);
     assert_eq!(default_chunk_rows(300, 128_256, 2, true), 300);
     assert_eq!(default_chunk_rows(300, 128_256, 2, false), 300);
     assert_eq!(default_chunk_rows(5, 1 << 30, 4, false), 1);

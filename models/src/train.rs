@@ -81,7 +81,7 @@ impl<B: KilnBackend, L: Projection<B>> Decoder<B, L> {
             None => self.embed_tokens.weight.val().is_require_grad(),
         };
         let biased = self.lm_head.as_ref().is_some_and(|head| head.bias.is_some());
-        if biased || forced_loss_path().unwrap_or(trained) {
+        if biased || whole_logits_forced().unwrap_or(trained) {
             let logits = self.logits(hidden).reshape([b * s, self.config.vocab_size]);
             let counted = targets.clone().greater_equal_elem(0).float().sum().clamp_min(1.0);
             return LmOutput { loss: kiln::ops::cross_entropy(logits, targets).sum() / counted };
@@ -91,9 +91,9 @@ impl<B: KilnBackend, L: Projection<B>> Decoder<B, L> {
     }
 }
 
-/// `KILN_LM_LOSS`: `Some(true)` for `logits` (the loss over the whole logits), `Some(false)` for
-/// `fused`, `None` when unset (chosen by the head).
-fn forced_loss_path() -> Option<bool> {
+/// Whether `KILN_LM_LOSS` forces the loss over the whole logits (`logits`: `Some(true)`) or the
+/// fused op (`fused`: `Some(false)`); `None` when unset (chosen by the head).
+fn whole_logits_forced() -> Option<bool> {
     static FORCED: OnceLock<Option<bool>> = OnceLock::new();
     *FORCED.get_or_init(|| match std::env::var("KILN_LM_LOSS").as_deref() {
         Ok("logits") => Some(true),

@@ -29,15 +29,16 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> MatmulBack
             out = skinny(&lhs, &rhs, bias.as_ref(), residual.as_ref(), views.layout, wanted);
         }
         #[cfg(feature = "cuda")]
-        let residual = match out.is_none() && path != Path::Burn {
-            true => match cuda::gemm(&lhs, &rhs, bias.as_ref(), residual, views.layout, views.scale) {
+        let residual = if out.is_none() && path != Path::Burn {
+            match cuda::gemm(&lhs, &rhs, bias.as_ref(), residual, views.layout, views.scale) {
                 Ok(product) => {
                     out = Some(product);
                     None
                 }
                 Err(residual) => residual,
-            },
-            false => residual,
+            }
+        } else {
+            residual
         };
         let out = out.unwrap_or_else(|| reference::product::<Self>(lhs, rhs, bias, residual, views.layout, views.scale));
         Self::float_reshape(out, views.out)
@@ -214,21 +215,21 @@ mod cuda {
         let bias = bias.map(|b| dense(b.clone()));
         let in_place = residual.as_ref().is_some_and(|r| r.can_mut() && r.is_contiguous() && r.dtype == lhs.dtype && r.shape() == out_shape);
         let (residual, out) = match residual {
-            Some(r) if in_place => (None, r),
+            Some(r) if in_place => (Some(r.clone()), r), // one buffer, cuBLASLt's C and D
             residual => (residual.map(dense), empty_like_device(&lhs, out_shape, lhs.dtype)),
         };
         let args = cublaslt::GemmArgs {
             lhs: &lhs,
             rhs: &rhs,
             bias: bias.as_ref(),
-            residual: if in_place { Some(&out) } else { residual.as_ref() },
+            residual: residual.as_ref(),
             out: &out,
             layout: GemmLayout::new(transpose_lhs, transpose_rhs),
             scale,
         };
         match cublaslt::gemm(&args, index) {
             Ok(true) => Ok(out),
-            Ok(false) => Err(if in_place { Some(out) } else { residual }),
+            Ok(false) => Err(residual),
             Err(e) => panic!("kiln::matmul: cuBLASLt failed for lhs {:?} rhs {:?} ({:?}): {e}", lhs.shape().as_slice(), rhs.shape().as_slice(), lhs.dtype),
         }
     }
