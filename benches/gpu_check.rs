@@ -155,41 +155,52 @@ fn rand<const D: usize>(shape: [usize; D], device: &CudaDevice) -> Tensor<B, D> 
     Tensor::<B, D>::random(shape, Distribution::Normal(0.0, 1.0), device).cast(DType::BF16)
 }
 
-fn bench(device: &CudaDevice) {
-    const ITERS: usize = 20;
-    let bf = 2.0; // bytes per bf16 element
-    // Copy rate: a bf16 tensor clone through Burn (read + write), the denominator of "% of copy".
+/// Timed calls a `bench` line averages.
+const ITERS: usize = 20;
+
+/// The copy rate: a bf16 tensor clone through Burn (read + write), the denominator of "% of copy".
+fn copy_rate(device: &CudaDevice) -> f64 {
     let big = rand([16384, 8192], device);
     let copy_s = time(device, ITERS, || big.clone().mul_scalar(1.0));
-    let copy_rate = 2.0 * bf * 16384.0 * 8192.0 / copy_s;
-    println!("bench copy (x * 1, bf16 [16384, 8192]): {:.0} GB/s (read + write)", copy_rate / 1e9);
-    drop(big);
+    let rate = 2.0 * 2.0 * 16384.0 * 8192.0 / copy_s;
+    println!("bench copy (x * 1, bf16 [16384, 8192]): {:.0} GB/s (read + write)", rate / 1e9);
+    rate
+}
 
-    // RMSNorm [16384, 4096].
-    let (t, h) = (16384, 4096);
+/// RMSNorm's forward, its backward's kernels and an autodiff step on `[t, h]` bf16, beside Burn's
+/// module.
+fn bench_rms_norm(device: &CudaDevice, t: usize, h: usize, copy_rate: f64) {
+    let bf = 2.0;
     let x = rand([t, h], device);
     let r = rand([t, h], device);
     let g = rand([h], device);
     let dy = rand([t, h], device);
     let n = (t * h) as f64;
-    line("kiln rms_norm fwd bf16 [16384,4096]", time(device, ITERS, || ops::rms_norm(x.clone(), g.clone(), 1e-6)), 2.0 * n * bf, copy_rate);
-    line("kiln rms_norm+residual fwd bf16", time(device, ITERS, || ops::rms_norm_residual(x.clone(), r.clone(), g.clone(), 1e-6)), 4.0 * n * bf, copy_rate);
+    let named = |what: &str| format!("{what} [{t},{h}]");
+    line(&named("kiln rms_norm fwd bf16"), time(device, ITERS, || ops::rms_norm(x.clone(), g.clone(), 1e-6)), 2.0 * n * bf, copy_rate);
+    line(&named("kiln rms_norm+residual fwd bf16"), time(device, ITERS, || ops::rms_norm_residual(x.clone(), r.clone(), g.clone(), 1e-6)), 4.0 * n * bf, copy_rate);
     let burn_norm = burn::nn::RmsNormConfig::new(h).with_epsilon(1e-6).init::<B>(device);
     let burn_norm = burn::nn::RmsNorm { gamma: burn::module::Param::from_tensor(g.clone()), ..burn_norm };
-    line("burn nn::RmsNorm fwd bf16", time(device, ITERS, || burn_norm.forward(x.clone())), 2.0 * n * bf, copy_rate);
+    line(&named("burn nn::RmsNorm fwd bf16"), time(device, ITERS, || burn_norm.forward(x.clone())), 2.0 * n * bf, copy_rate);
     let fwd = <B as kiln::ops::rms_norm::RmsNormBackend>::rms_norm_forward(x.clone().into_primitive().tensor(), g.clone().into_primitive().tensor(), None, 1e-6);
     let rstd = fwd.rstd;
-    line("kiln rms_norm bwd bf16 (dx, dgamma)", time(device, ITERS, || {
+    line(&named("kiln rms_norm bwd bf16 (dx, dgamma)"), time(device, ITERS, || {
         <B as kiln::ops::rms_norm::RmsNormBackend>::rms_norm_backward(x.clone().into_primitive().tensor(), g.clone().into_primitive().tensor(), rstd.clone(), dy.clone().into_primitive().tensor())
     }), 3.0 * n * bf, copy_rate);
     let xa = Tensor::<Ad, 2>::from_inner(x.clone()).require_grad();
     let ga = Tensor::<Ad, 1>::from_inner(g.clone()).require_grad();
     let dya = Tensor::<Ad, 2>::from_inner(dy.clone());
-    line("loss ops alone (Σ y·dy fwd+bwd, autodiff) bf16", time(device, ITERS, || (xa.clone() * dya.clone()).sum().backward()), 3.0 * n * bf, copy_rate);
-    line("kiln rms_norm fwd+bwd (autodiff) bf16", time(device, ITERS, || (ops::rms_norm(xa.clone(), ga.clone(), 1e-6) * dya.clone()).sum().backward()), 5.0 * n * bf, copy_rate);
+    line(&named("loss ops alone (Σ y·dy fwd+bwd, autodiff) bf16"), time(device, ITERS, || (xa.clone() * dya.clone()).sum().backward()), 3.0 * n * bf, copy_rate);
+    line(&named("kiln rms_norm fwd+bwd (autodiff) bf16"), time(device, ITERS, || (ops::rms_norm(xa.clone(), ga.clone(), 1e-6) * dya.clone()).sum().backward()), 5.0 * n * bf, copy_rate);
     let burn_norm_ad = burn::nn::RmsNorm::<Ad> { gamma: burn::module::Param::from_tensor(ga.clone()), epsilon: 1e-6 };
-    line("burn nn::RmsNorm fwd+bwd (autodiff) bf16", time(device, ITERS, || (burn_norm_ad.forward(xa.clone()) * dya.clone()).sum().backward()), 5.0 * n * bf, copy_rate);
-    drop((x, r, dy, xa, dya));
+    line(&named("burn nn::RmsNorm fwd+bwd (autodiff) bf16"), time(device, ITERS, || (burn_norm_ad.forward(xa.clone()) * dya.clone()).sum().backward()), 5.0 * n * bf, copy_rate);
+}
+
+fn bench(device: &CudaDevice) {
+    let bf = 2.0; // bytes per bf16 element
+    let copy_rate = copy_rate(device);
+    bench_rms_norm(device, 16384, 4096, copy_rate);
+    bench_rms_norm(device, 4096, 2048, copy_rate);
 
     // SwiGLU [16384, 11008].
     let (t, f) = (16384, 11008);
@@ -675,6 +686,11 @@ fn main() {
     }
     if mode == "nf4-gemv" {
         nf4::bench_gemv(&device);
+    }
+    if mode == "rms-norm" {
+        let copy_rate = copy_rate(&device);
+        bench_rms_norm(&device, 16384, 4096, copy_rate);
+        bench_rms_norm(&device, 4096, 2048, copy_rate);
     }
     if mode == "rms-norm-calls" {
         bench_rms_norm_calls(&device);

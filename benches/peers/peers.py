@@ -31,27 +31,27 @@ except Exception as e:  # noqa: BLE001
     print("peer liger-kernel unavailable:", e)
     have_liger = False
 
-# RMSNorm [16384, 4096]
-T, H = 16384, 4096
-x = torch.randn(T, H, device=dev, dtype=bf, requires_grad=True)
-w = torch.randn(H, device=dev, dtype=bf, requires_grad=True)
-dy = torch.randn(T, H, device=dev, dtype=bf)
-n = T * H
-
 
 def torch_rms(x, w):
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(bf) * w
 
 
-with torch.no_grad():
-    line("torch eager rms_norm fwd bf16 [16384,4096]", ms(lambda: torch_rms(x, w)), 2 * n * 2, copy)
+# RMSNorm at gpu_check's shapes: [16384, 4096], and a Llama-3.2-1B layer's 2 × 2048 tokens.
+for T, H in [(16384, 4096), (4096, 2048)]:
+    x = torch.randn(T, H, device=dev, dtype=bf, requires_grad=True)
+    w = torch.randn(H, device=dev, dtype=bf, requires_grad=True)
+    dy = torch.randn(T, H, device=dev, dtype=bf)
+    n = T * H
+    shape = f"[{T},{H}]"
+    with torch.no_grad():
+        line(f"torch eager rms_norm fwd bf16 {shape}", ms(lambda: torch_rms(x, w)), 2 * n * 2, copy)
+        if have_liger:
+            line(f"liger rms_norm fwd bf16 {shape}", ms(lambda: LigerRMSNormFunction.apply(x, w, 1e-6)), 2 * n * 2, copy)
+    line(f"torch eager rms_norm fwd+bwd bf16 {shape}", ms(fwd_bwd(lambda: torch_rms(x, w), [x, w], dy)), 5 * n * 2, copy)
     if have_liger:
-        line("liger rms_norm fwd bf16 [16384,4096]", ms(lambda: LigerRMSNormFunction.apply(x, w, 1e-6)), 2 * n * 2, copy)
-line("torch eager rms_norm fwd+bwd bf16", ms(fwd_bwd(lambda: torch_rms(x, w), [x, w], dy)), 5 * n * 2, copy)
-if have_liger:
-    line("liger rms_norm fwd+bwd bf16", ms(fwd_bwd(lambda: LigerRMSNormFunction.apply(x, w, 1e-6), [x, w], dy)), 5 * n * 2, copy)
-del x, w, dy
+        line(f"liger rms_norm fwd+bwd bf16 {shape}", ms(fwd_bwd(lambda: LigerRMSNormFunction.apply(x, w, 1e-6), [x, w], dy)), 5 * n * 2, copy)
+    del x, w, dy
 
 # SwiGLU [16384, 11008]
 T, F = 16384, 11008

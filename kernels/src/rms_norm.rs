@@ -96,32 +96,34 @@ fn rms_norm_backward_kernel<F: Float, N: Size>(
     }
     let mut n = Array::<Vector<f32, N>>::new(layout.vectors_per_unit);
     let mut dn = Array::<Vector<f32, N>>::new(layout.vectors_per_unit);
+    // The slot's next row is loaded before this row's sum, so its reads are in flight while the
+    // units wait on each other; loading after the sum left a slot's eight rows one latency each.
+    let mut h_next = Array::<Vector<F, N>>::new(layout.vectors_per_unit);
+    let mut dy_next = Array::<Vector<F, N>>::new(layout.vectors_per_unit);
+    let first_row = CUBE_POS * layout.rows_per_cube + UNIT_POS_Y as usize;
+    let mut r_next = load_backward_row(h, rstd, dy, &mut h_next, &mut dy_next, first_row, rows, width_vectors, layout);
+    // This row's rstd, assigned rather than bound: a `let` of `r_next` may name the same
+    // variable, which the prefetch below overwrites before the row's `dh` is written.
+    let mut r = 0.0f32;
     // Grid-stride over rows with a uniform trip count, so every unit reaches each reduction.
     for iteration in 0..iterations {
         let row = (iteration * CUBE_COUNT + CUBE_POS) * layout.rows_per_cube + UNIT_POS_Y as usize;
         let row_valid = row < rows;
         let base = row * width_vectors;
-        let mut r = 0.0f32;
-        if row_valid {
-            r = rstd[row];
-        }
+        r = r_next;
         let rv = Vector::<f32, N>::new(r);
         let mut dot = Vector::<f32, N>::new(0.0);
         #[unroll]
         for i in 0..layout.vectors_per_unit {
-            let col = i * layout.units_per_row + UNIT_POS_X as usize;
-            let mut nv = Vector::<f32, N>::new(0.0);
-            let mut dyv = Vector::<f32, N>::new(0.0);
-            if row_valid && col < width_vectors {
-                nv = Vector::<f32, N>::cast_from(h[base + col]) * rv;
-                dyv = Vector::cast_from(dy[base + col]);
-            }
+            let nv = Vector::<f32, N>::cast_from(h_next[i]) * rv;
+            let dyv = Vector::<f32, N>::cast_from(dy_next[i]);
             dgamma[i] += dyv * nv;
             let dnv = dyv * gammas[i];
             dot += dnv * nv;
             n[i] = nv;
             dn[i] = dnv;
         }
+        r_next = load_backward_row(h, rstd, dy, &mut h_next, &mut dy_next, row + CUBE_COUNT * layout.rows_per_cube, rows, width_vectors, layout);
         let mean_dot = Vector::<f32, N>::new(row_sum(lane_sum(dot), layout) * inv_width);
         if row_valid {
             #[unroll]
@@ -141,6 +143,40 @@ fn rms_norm_backward_kernel<F: Float, N: Size>(
             dgamma_partials[partial_row * width_vectors + col] = dgamma[i];
         }
     }
+}
+
+/// This unit's share of row `row` of `h` and `dy` into `h_row` / `dy_row` (zeros past the last
+/// row or column, which then add nothing), returning the row's `rstd` (0 past the last row).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn load_backward_row<F: Float, N: Size>(
+    h: &Array<Vector<F, N>>,
+    rstd: &Array<f32>,
+    dy: &Array<Vector<F, N>>,
+    h_row: &mut Array<Vector<F, N>>,
+    dy_row: &mut Array<Vector<F, N>>,
+    row: usize,
+    rows: usize,
+    width_vectors: usize,
+    #[comptime] layout: RowLayout,
+) -> f32 {
+    let row_valid = row < rows;
+    let base = row * width_vectors;
+    #[unroll]
+    for i in 0..layout.vectors_per_unit {
+        let col = i * layout.units_per_row + UNIT_POS_X as usize;
+        h_row[i] = Vector::new(F::new(0.0));
+        dy_row[i] = Vector::new(F::new(0.0));
+        if row_valid && col < width_vectors {
+            h_row[i] = h[base + col];
+            dy_row[i] = dy[base + col];
+        }
+    }
+    let mut r = 0.0f32;
+    if row_valid {
+        r = rstd[row];
+    }
+    r
 }
 
 /// Launch plan for the RMSNorm kernels on rows of `width` elements of `elem_size` bytes.

@@ -260,6 +260,81 @@ pub fn elementwise_geometry<R: Runtime>(client: &ComputeClient<R>, units: usize)
     (cube_count, cube_dim)
 }
 
+/// Column vectors a cube of [`launch_sum_partials`] adds up, side by side along x.
+const SUM_COLUMNS: usize = 8;
+/// Units a column's partial rows are dealt to, along y; their sums meet in shared memory.
+const SUM_LANES: usize = 32;
+
+/// `out[c] = Σ_r partials[r, c]` in `out`'s dtype, for the f32 partial sums that the row kernels'
+/// backward write one row per slot (dγ, DoRA's dm). Lane `l` of a column adds rows `l`, `l + 32`,
+/// …, then lane 0 adds the lanes' sums in order, so the result does not depend on scheduling.
+#[cube(launch_unchecked)]
+fn sum_partials_kernel<G: Float, N: Size>(
+    partials: &Array<Vector<f32, N>>,
+    out: &mut Array<Vector<G, N>>,
+    rows: usize,
+    width_vectors: usize,
+    #[define(G)] _dtype: StorageType,
+) {
+    let x = UNIT_POS_X as usize;
+    let lane = UNIT_POS_Y as usize;
+    let col = CUBE_POS * SUM_COLUMNS + x;
+    let mut total = Vector::<f32, N>::new(0.0);
+    if col < width_vectors {
+        let mut row = lane;
+        while row < rows {
+            total += partials[row * width_vectors + col];
+            row += SUM_LANES;
+        }
+    }
+    let mut lanes = SharedMemory::<Vector<f32, N>>::new(comptime!(SUM_COLUMNS * SUM_LANES));
+    lanes[lane * SUM_COLUMNS + x] = total;
+    sync_cube();
+    if lane == 0 && col < width_vectors {
+        let mut sum = lanes[x];
+        #[unroll]
+        for l in 1..SUM_LANES {
+            sum += lanes[l * SUM_COLUMNS + x];
+        }
+        out[col] = Vector::cast_from(sum);
+    }
+}
+
+/// Launch [`sum_partials_kernel`] over `[rows, width]` f32 partial sums into `width` values of
+/// `dtype`. One launch instead of Burn's sum along rows and a cast: that pair took 15–30 µs for a
+/// norm's few MB of partials, about half of the norm's backward (`benches/RESULTS.md`, fortieth
+/// and forty-fourth sessions).
+pub fn launch_sum_partials<R: Runtime>(
+    client: &ComputeClient<R>,
+    dtype: StorageType,
+    rows: usize,
+    width: usize,
+    partials: ArrayArg<R>,
+    out: ArrayArg<R>,
+) {
+    let vector_size = vector_size_for(client, width, 4, 16);
+    let width_vectors = width / vector_size;
+    if width_vectors == 0 {
+        return;
+    }
+    let cubes = width_vectors.div_ceil(SUM_COLUMNS) as u32;
+    // SAFETY: `partials` holds `rows × width` f32 values and `out` `width` values of `dtype`, both
+    // contiguous; `vector_size` divides `width`, and the kernel bound-checks columns and rows.
+    unsafe {
+        sum_partials_kernel::launch_unchecked::<R>(
+            client,
+            CubeCount::Static(cubes, 1, 1),
+            CubeDim::new_2d(SUM_COLUMNS as u32, SUM_LANES as u32),
+            vector_size,
+            partials,
+            out,
+            rows,
+            width_vectors,
+            dtype,
+        )
+    }
+}
+
 /// Sum of the lanes of a vector.
 #[cube]
 pub fn lane_sum<N: Size>(v: Vector<f32, N>) -> f32 {

@@ -83,20 +83,22 @@ pub(crate) fn strides<R: CubeRuntime>(tensor: &CubeTensor<R>) -> Vec<usize> {
     tensor.meta.strides().iter().copied().collect()
 }
 
-/// Reduce a `[partials, width]` f32 buffer of per-cube sums to `[width]` in `dtype`.
-pub(crate) fn sum_partials<R, F, I, BT>(partials: CubeTensor<R>, dtype: DType) -> CubeTensor<R>
-where
-    R: CubeRuntime,
-    F: FloatElement,
-    I: IntElement,
-    BT: BoolElement,
-{
+/// Reduce a `[partials, width]` f32 buffer of per-cube sums to `[width]` in `dtype`, in one
+/// launch (`kiln_kernels::row::launch_sum_partials`).
+pub(crate) fn sum_partials<R: CubeRuntime>(partials: CubeTensor<R>, dtype: DType) -> CubeTensor<R> {
     use burn::tensor::TensorMetadata;
-    type B<R, F, I, BT> = CubeBackend<R, F, I, BT>;
-    let width = partials.shape()[1];
-    let summed = B::<R, F, I, BT>::float_sum_dim(partials, 0);
-    let flat = B::<R, F, I, BT>::float_reshape(summed, Shape::new([width]));
-    B::<R, F, I, BT>::float_cast(flat, FloatDType::from(dtype))
+    let (rows, width) = (partials.shape()[0], partials.shape()[1]);
+    let partials = dense(partials);
+    let out = empty_like_device(&partials, [width], dtype);
+    kiln_kernels::row::launch_sum_partials(
+        &partials.client,
+        dtype.into(),
+        rows,
+        width,
+        partials.clone().into_array_arg(),
+        out.clone().into_array_arg(),
+    );
+    out
 }
 
 /// What kiln needs to know of a tensor that lives on CubeCL's CUDA runtime.

@@ -74,7 +74,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> DoraBacken
             dm_partials: partials.clone().into_array_arg(),
         };
         launch_backward(&client, storage(&u), plan, rows, width, vector_size, columns, args);
-        (du, sum_partials::<R, F, I, BT>(partials, m_dtype))
+        (du, sum_partials(partials, m_dtype))
     }
 
     fn dora_norm(weight_norms_sq: FloatTensor<Self>, a_w: FloatTensor<Self>, a: FloatTensor<Self>, b: FloatTensor<Self>, scale: f64) -> FloatTensor<Self> {

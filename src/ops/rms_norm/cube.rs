@@ -109,6 +109,6 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> RmsNormBac
                 dgamma_partials: partials.clone().into_array_arg(),
             },
         );
-        (dh, crate::backend::cube::sum_partials::<R, F, I, BT>(partials, gamma_dtype))
+        (dh, crate::backend::cube::sum_partials(partials, gamma_dtype))
     }
 }

@@ -104,6 +104,6 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> RmsNormRop
                 dgamma_partials: partials.clone().into_tensor_arg(),
             },
         );
-        (dx, sum_partials::<R, F, I, BT>(partials, gamma_dtype))
+        (dx, sum_partials(partials, gamma_dtype))
     }
 }
