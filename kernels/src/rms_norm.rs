@@ -98,32 +98,28 @@ fn rms_norm_backward_kernel<F: Float, N: Size>(
     let mut dn = Array::<Vector<f32, N>>::new(layout.vectors_per_unit);
     // The slot's next row is loaded before this row's sum, so its reads are in flight while the
     // units wait on each other; loading after the sum left a slot's eight rows one latency each.
-    let mut h_next = Array::<Vector<F, N>>::new(layout.vectors_per_unit);
-    let mut dy_next = Array::<Vector<F, N>>::new(layout.vectors_per_unit);
+    let mut h_row = Array::<Vector<F, N>>::new(layout.vectors_per_unit);
+    let mut dy_row = Array::<Vector<F, N>>::new(layout.vectors_per_unit);
     let first_row = CUBE_POS * layout.rows_per_cube + UNIT_POS_Y as usize;
-    let mut r_next = load_backward_row(h, rstd, dy, &mut h_next, &mut dy_next, first_row, rows, width_vectors, layout);
-    // This row's rstd, assigned rather than bound: a `let` of `r_next` may name the same
-    // variable, which the prefetch below overwrites before the row's `dh` is written.
-    let mut r = 0.0f32;
+    let mut r = load_backward_row(h, rstd, dy, &mut h_row, &mut dy_row, first_row, rows, width_vectors, layout);
     // Grid-stride over rows with a uniform trip count, so every unit reaches each reduction.
     for iteration in 0..iterations {
         let row = (iteration * CUBE_COUNT + CUBE_POS) * layout.rows_per_cube + UNIT_POS_Y as usize;
         let row_valid = row < rows;
         let base = row * width_vectors;
-        r = r_next;
         let rv = Vector::<f32, N>::new(r);
         let mut dot = Vector::<f32, N>::new(0.0);
         #[unroll]
         for i in 0..layout.vectors_per_unit {
-            let nv = Vector::<f32, N>::cast_from(h_next[i]) * rv;
-            let dyv = Vector::<f32, N>::cast_from(dy_next[i]);
+            let nv = Vector::<f32, N>::cast_from(h_row[i]) * rv;
+            let dyv = Vector::<f32, N>::cast_from(dy_row[i]);
             dgamma[i] += dyv * nv;
             let dnv = dyv * gammas[i];
             dot += dnv * nv;
             n[i] = nv;
             dn[i] = dnv;
         }
-        r_next = load_backward_row(h, rstd, dy, &mut h_next, &mut dy_next, row + CUBE_COUNT * layout.rows_per_cube, rows, width_vectors, layout);
+        let r_following = load_backward_row(h, rstd, dy, &mut h_row, &mut dy_row, row + CUBE_COUNT * layout.rows_per_cube, rows, width_vectors, layout);
         let mean_dot = Vector::<f32, N>::new(row_sum(lane_sum(dot), layout) * inv_width);
         if row_valid {
             #[unroll]
@@ -134,6 +130,8 @@ fn rms_norm_backward_kernel<F: Float, N: Size>(
                 }
             }
         }
+        // Assigned after this row's last use: `rv` may name `r` itself (a one-lane vector).
+        r = r_following;
     }
     let partial_row = CUBE_POS * layout.rows_per_cube + UNIT_POS_Y as usize;
     #[unroll]

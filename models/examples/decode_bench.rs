@@ -18,6 +18,9 @@ use kiln_models::model::build::build;
 use kiln_models::runtime::{OnBackend, dispatch};
 use kiln_models::{Decoder, DecoderConfig, GenerationConfig, Nf4Maker, Projection, TernaryMaker, build_with};
 
+#[path = "common/pool.rs"]
+mod pool;
+
 #[derive(Parser, Debug, Clone)]
 struct Args {
     /// qwen2.5-0.5b, llama3.2-1b, bitnet-2b or tiny.
@@ -146,31 +149,18 @@ impl Args {
         let mut steps = model.generate(&[prompt.to_vec()], GenerationConfig { max_new_tokens: self.new, ..GenerationConfig::default() });
         steps.next();
         B::memory_cleanup(&device);
-        let after_prefill = pool_usage(&device);
+        let after_prefill = pool::pool_usage(&device);
         let decoded = steps.by_ref().count();
-        let after_decode = pool_usage(&device);
-        let gb = |u: Option<(u64, u64)>| u.map_or("n/a".to_string(), |(used, reserved)| format!("in use {:.3} GB, reserved {:.3} GB", used as f64 / 1e9, reserved as f64 / 1e9));
+        let after_decode = pool::pool_usage(&device);
         println!(
             "memory ({:?}): weights {:.3} GB + KV cache {:.3} GB; pool after the prefill: {}; after {decoded} decode steps: {}",
             steps.step_path(),
             weights as f64 / 1e9,
             kv as f64 / 1e9,
-            gb(after_prefill),
-            gb(after_decode)
+            pool::describe(after_prefill),
+            pool::describe(after_decode)
         );
     }
-}
-
-/// CubeCL's pool on a CUDA device (bytes in use, reserved); `None` elsewhere.
-#[cfg(feature = "cuda")]
-fn pool_usage<D: 'static>(device: &D) -> Option<(u64, u64)> {
-    let cuda = (device as &dyn std::any::Any).downcast_ref::<burn::backend::cuda::CudaDevice>()?;
-    kiln::backend::graph::pool_usage(cuda).ok()
-}
-
-#[cfg(not(feature = "cuda"))]
-fn pool_usage<D>(_device: &D) -> Option<(u64, u64)> {
-    None
 }
 
 fn main() {

@@ -22,6 +22,8 @@ use kiln_models::{BitNetOptions, to_bitnet};
 
 #[path = "common/steps.rs"]
 mod common;
+#[path = "common/pool.rs"]
+mod pool;
 use common::{StepArgs, exit_on_error, preset, train_steps};
 
 #[derive(Parser, Debug, Clone)]

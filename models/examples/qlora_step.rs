@@ -21,6 +21,8 @@ use kiln_models::{Nf4Maker, build_with};
 
 #[path = "common/steps.rs"]
 mod common;
+#[path = "common/pool.rs"]
+mod pool;
 use common::{StepArgs, exit_on_error, preset, train_steps};
 
 #[derive(Parser, Debug, Clone)]

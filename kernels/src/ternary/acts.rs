@@ -4,7 +4,7 @@
 
 use cubecl::prelude::*;
 
-use super::{ROW_GRANULE, act_layout, round_clamp};
+use super::{ROW_GRANULE, round_clamp};
 use crate::row::{RowLayout, lane_sum, row_index, row_max, row_sum};
 
 /// `local` raised to the largest `|v|` of `v`; `a > local` skips a NaN (whose code is 0 anyway).
@@ -62,41 +62,28 @@ fn act_code(x: f32, s: f32) -> f32 {
     round_clamp(x * s, -128.0, 127.0)
 }
 
-/// One layout row per activation row: its scale, its int8 codes packed four a word, and the
-/// row's code sum (f32, exact below [`MAX_K`](super::MAX_K)) for the CUDA kernels' `w + 1`
-/// codes. Each unit holds quads `i · units_per_row + UNIT_POS_X` of the row (16 codes each:
-/// `per_quad` loads of `N` values, `layout.vectors_per_unit` quads) in registers, so the row is
-/// read from memory once: the scale from their maximum, then the codes, one 16-byte store a quad
-/// (`W` is 4, a quad). Reading the row twice with a whole cube per row held 512 × 4096 rows at
-/// 7–12 µs and 8192 × 4096 at ~130 µs on the H100, ~0.75 TB/s (`benches/RESULTS.md`,
-/// thirty-seventh session). `tiled` writes the quads as [`ActCodes::Tiled`] lays them out
-/// (`rows` rows in all). With `normed` the held row is first replaced by its RMSNorm output
-/// ([`ActNorm`]), so BitLinear's input norm costs no pass over memory of its own.
-#[cube(launch_unchecked)]
+/// This unit's quads of activation row `row` into `held` (each unit holds quads
+/// `i · units_per_row + UNIT_POS_X`, `per_quad` loads of `N` values each; zeros past the row),
+/// RMS-normalized first with `normed` ([`ActNorm`]; the row's `rstd` written unless `given`),
+/// returning the row's int8 scale. Every unit of the cube must call this: it reduces over the row.
+#[cube]
 #[allow(clippy::too_many_arguments)]
-fn quantize_acts_packed_kernel<F: Float, N: Size, W: Size>(
+fn hold_row<F: Float, N: Size>(
     x: &Array<Vector<F, N>>,
     gamma: &Array<Vector<F, N>>,
-    words: &mut Array<Vector<u32, W>>,
-    scales: &mut Array<f32>,
-    sums: &mut Array<f32>,
     rstd: &mut Array<f32>,
+    held: &mut Array<Vector<F, N>>,
+    row: usize,
+    valid: bool,
     k: usize,
-    row_quads: usize,
-    rows: usize,
     epsilon: f32,
     #[comptime] per_quad: usize,
-    #[comptime] tiled: bool,
     #[comptime] normed: bool,
     #[comptime] given: bool,
     #[comptime] layout: RowLayout,
-    #[define(F)] _dtype: StorageType,
-) {
-    let row = row_index(layout);
-    let valid = row < rows;
+) -> f32 {
     let vectors = k / N::value();
     let base = row * vectors;
-    let mut held = Array::<Vector<F, N>>::new(comptime!(layout.vectors_per_unit * per_quad));
     let mut squares = 0.0f32;
     #[unroll]
     for h in 0..comptime!(layout.vectors_per_unit * per_quad) {
@@ -136,7 +123,43 @@ fn quantize_acts_packed_kernel<F: Float, N: Size, W: Size>(
     for i in 0..comptime!(layout.vectors_per_unit * per_quad) {
         local = abs_max(local, Vector::<f32, N>::cast_from(held[i]));
     }
-    let s = act_scale(local, layout);
+    act_scale(local, layout)
+}
+
+/// One layout row per activation row: its scale, its int8 codes packed four a word, and the
+/// row's code sum (f32, exact below [`MAX_K`](super::MAX_K)) for the CUDA kernels' `w + 1`
+/// codes. Each unit holds quads `i · units_per_row + UNIT_POS_X` of the row (16 codes each:
+/// `per_quad` loads of `N` values, `layout.vectors_per_unit` quads) in registers, so the row is
+/// read from memory once: the scale from their maximum, then the codes, one 16-byte store a quad
+/// (`W` is 4, a quad). Reading the row twice with a whole cube per row held 512 × 4096 rows at
+/// 7–12 µs and 8192 × 4096 at ~130 µs on the H100, ~0.75 TB/s (`benches/RESULTS.md`,
+/// thirty-seventh session). `tiled` writes the quads as [`ActCodes::Tiled`] lays them out
+/// (`rows` rows in all). With `normed` the held row is first replaced by its RMSNorm output
+/// ([`ActNorm`]), so BitLinear's input norm costs no pass over memory of its own.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn quantize_acts_packed_kernel<F: Float, N: Size, W: Size>(
+    x: &Array<Vector<F, N>>,
+    gamma: &Array<Vector<F, N>>,
+    words: &mut Array<Vector<u32, W>>,
+    scales: &mut Array<f32>,
+    sums: &mut Array<f32>,
+    rstd: &mut Array<f32>,
+    k: usize,
+    row_quads: usize,
+    rows: usize,
+    epsilon: f32,
+    #[comptime] per_quad: usize,
+    #[comptime] tiled: bool,
+    #[comptime] normed: bool,
+    #[comptime] given: bool,
+    #[comptime] layout: RowLayout,
+    #[define(F)] _dtype: StorageType,
+) {
+    let row = row_index(layout);
+    let valid = row < rows;
+    let mut held = Array::<Vector<F, N>>::new(comptime!(layout.vectors_per_unit * per_quad));
+    let s = hold_row(x, gamma, rstd, &mut held, row, valid, k, epsilon, per_quad, normed, given, layout);
     let mut sum = 0.0f32;
     #[unroll]
     for i in 0..layout.vectors_per_unit {
@@ -169,10 +192,11 @@ fn quantize_acts_packed_kernel<F: Float, N: Size, W: Size>(
     }
 }
 
-/// One cube per activation row: its scale and its int8 codes as floats in `F` (for a GEMM), or
-/// with `dequantized` the values `q / s` they stand for; `N` values a load and store (`N`
-/// divides `k`). With `normed` the row is RMS-normalized first ([`ActNorm`]): each pass over it
-/// recomputes the normalized values (the row stays in cache) rather than storing them.
+/// One layout row per activation row: its scale and its int8 codes as floats in `F` (for a
+/// GEMM), or with `dequantized` the values `q / s` they stand for (the f32 quotient rounded once),
+/// the row held in registers as [`quantize_acts_packed_kernel`] holds it, so it is read once. A
+/// whole cube a row reading it twice (for the scale, then the codes) took 32 µs a call for the QAT
+/// step's weight gradients, 115 calls a step (H100, `benches/RESULTS.md`, forty-first session).
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn quantize_acts_float_kernel<F: Float, N: Size>(
@@ -182,7 +206,9 @@ fn quantize_acts_float_kernel<F: Float, N: Size>(
     scales: &mut Array<f32>,
     rstd: &mut Array<f32>,
     k: usize,
+    rows: usize,
     epsilon: f32,
+    #[comptime] per_quad: usize,
     #[comptime] dequantized: bool,
     #[comptime] normed: bool,
     #[comptime] given: bool,
@@ -190,47 +216,27 @@ fn quantize_acts_float_kernel<F: Float, N: Size>(
     #[define(F)] _dtype: StorageType,
 ) {
     let row = row_index(layout);
+    let valid = row < rows;
+    let mut held = Array::<Vector<F, N>>::new(comptime!(layout.vectors_per_unit * per_quad));
+    let s = hold_row(x, gamma, rstd, &mut held, row, valid, k, epsilon, per_quad, normed, given, layout);
     let vectors = k / N::value();
-    let base = row * vectors;
-    let mut r = 1.0f32;
-    if comptime!(normed && given) {
-        r = rstd[row];
-    }
-    if comptime!(normed && !given) {
-        let mut squares = 0.0f32;
-        let mut j = UNIT_POS_X as usize;
-        while j < vectors {
-            let v = Vector::<f32, N>::cast_from(x[base + j]);
-            squares += lane_sum(v * v);
-            j += layout.units_per_row;
-        }
-        r = row_rstd(squares, k, epsilon, layout);
-        if UNIT_POS_X == 0 {
-            rstd[row] = r;
-        }
-    }
-    let mut local = 0.0f32;
-    let mut j = UNIT_POS_X as usize;
-    while j < vectors {
-        local = abs_max(local, Vector::<f32, N>::cast_from(act_input(x, gamma, base, j, r, normed)));
-        j += layout.units_per_row;
-    }
-    let s = act_scale(local, layout);
-    let mut j = UNIT_POS_X as usize;
-    while j < vectors {
-        let values = Vector::<f32, N>::cast_from(act_input(x, gamma, base, j, r, normed));
-        let mut out = Vector::<f32, N>::new(0.0);
-        #[unroll]
-        for e in 0..N::value() {
-            out[e] = act_code(values[e], s);
-            if comptime!(dequantized) {
-                out[e] /= s;
+    #[unroll]
+    for h in 0..comptime!(layout.vectors_per_unit * per_quad) {
+        let v = held_vector(h, per_quad, layout);
+        if valid && v < vectors {
+            let values = Vector::<f32, N>::cast_from(held[h]);
+            let mut out = Vector::<f32, N>::new(0.0);
+            #[unroll]
+            for e in 0..N::value() {
+                out[e] = act_code(values[e], s);
+                if comptime!(dequantized) {
+                    out[e] /= s;
+                }
             }
+            codes[row * vectors + v] = Vector::cast_from(out);
         }
-        codes[base + j] = Vector::cast_from(out);
-        j += layout.units_per_row;
     }
-    if UNIT_POS_X == 0 {
+    if valid && UNIT_POS_X == 0 {
         scales[row] = s;
     }
 }
@@ -299,7 +305,7 @@ pub fn launch_quantize_acts<R: Runtime>(client: &ComputeClient<R>, dtype: Storag
     let (gamma, rstd, epsilon, normed, given) = norm_args(client, norm);
     // SAFETY: `x` is `[m, k]`, `scales` `[m]`, the codes sized as `ActCodes` documents, a norm's
     // `γ` `[k]` and `rstd` `[m]`; every index stays below `k` or the row's words, and rows past
-    // `m` (of the packed kernel's last cube) read and write nothing.
+    // `m` (of the last cube) read and write nothing.
     let dequantized = matches!(codes, ActCodes::Dequantized(_));
     let tiled = matches!(codes, ActCodes::Tiled { .. });
     unsafe {
@@ -311,10 +317,8 @@ pub fn launch_quantize_acts<R: Runtime>(client: &ComputeClient<R>, dtype: Storag
                 quantize_acts_packed_kernel::launch_unchecked::<R>(client, count, dim, vector, 4, x, gamma, words, scales, sums, rstd, k, row_quads, m, epsilon, 16 / vector, tiled, normed, given, layout, dtype)
             }
             ActCodes::Float(codes) | ActCodes::Dequantized(codes) => {
-                // One cube per row: the grid has exactly `m` cubes.
-                let layout = act_layout(client);
-                let (count, dim) = (CubeCount::Static(m as u32, 1, 1), layout.cube_dim());
-                quantize_acts_float_kernel::launch_unchecked::<R>(client, count, dim, vector, x, gamma, codes, scales, rstd, k, epsilon, dequantized, normed, given, layout, dtype)
+                let (count, dim, layout) = quad_geometry(client, m, k.div_ceil(16));
+                quantize_acts_float_kernel::launch_unchecked::<R>(client, count, dim, vector, x, gamma, codes, scales, rstd, k, m, epsilon, 16 / vector, dequantized, normed, given, layout, dtype)
             }
         }
     }

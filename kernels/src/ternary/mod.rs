@@ -146,11 +146,8 @@ fn gemv_kernel<F: Float, N: Size>(
     }
 }
 
-/// The layout of the float codes kernel and the weight-scale kernels: one row (or group) per
-/// cube, up to 256 units striding over it. A single
-/// row (decoding) is one cube whose time is latency, not bandwidth: 5 µs on the H100 for a row of
-/// 3200 at 256 units, 6.2 µs at 1024 (`benches/RESULTS.md`, twenty-third session); on CUDA the
-/// GEMV of one row does this itself (`dp4a::launch_gemv_fused`).
+/// The layout of the weight-scale kernels: one row (or group) per cube, up to 256 units striding
+/// over it.
 fn act_layout<R: Runtime>(client: &ComputeClient<R>) -> RowLayout {
     let hardware = &client.properties().hardware;
     let max_units = (hardware.max_units_per_cube as usize).min(hardware.max_cube_dim.0 as usize).min(256);

@@ -75,6 +75,9 @@ where
         model = Some(optim.step(1e-4, current, grads));
         loss.into_scalar().elem::<f64>()
     });
+    // What the steps left CubeCL's pool holding (the model and AdamW's state in use; the rest is
+    // pages kept for the next step), beside the process's peak that the peer scripts read.
+    println!("kiln {label} pool after the steps: {}", crate::pool::describe(crate::pool::pool_usage(device)));
 }
 
 /// Inputs from a fixed pseudo-random sequence, each target the next input (as a causal LM trains).
