@@ -261,13 +261,16 @@ pub fn elementwise_geometry<R: Runtime>(client: &ComputeClient<R>, units: usize)
 }
 
 /// Column vectors a cube of [`launch_sum_partials`] adds up, side by side along x.
-const SUM_COLUMNS: usize = 8;
+const SUM_COLUMNS: usize = 4;
 /// Units a column's partial rows are dealt to, along y; their sums meet in shared memory.
-const SUM_LANES: usize = 32;
+const SUM_LANES: usize = 64;
+/// Rows a lane loads before adding any of them, so that several loads are in flight a unit.
+const SUM_UNROLL: usize = 4;
 
 /// `out[c] = Σ_r partials[r, c]` in `out`'s dtype, for the f32 partial sums that the row kernels'
-/// backward write one row per slot (dγ, DoRA's dm). Lane `l` of a column adds rows `l`, `l + 32`,
-/// …, then lane 0 adds the lanes' sums in order, so the result does not depend on scheduling.
+/// backward write one row per slot (dγ, DoRA's dm). Lane `l` of a column adds rows `l`, `l + 64`,
+/// … (four loads in flight), then the lanes' sums meet by halving in shared memory, so the result
+/// does not depend on scheduling.
 #[cube(launch_unchecked)]
 fn sum_partials_kernel<G: Float, N: Size>(
     partials: &Array<Vector<f32, N>>,
@@ -283,20 +286,35 @@ fn sum_partials_kernel<G: Float, N: Size>(
     if col < width_vectors {
         let mut row = lane;
         while row < rows {
-            total += partials[row * width_vectors + col];
-            row += SUM_LANES;
+            let mut loaded = Array::<Vector<f32, N>>::new(SUM_UNROLL);
+            #[unroll]
+            for u in 0..SUM_UNROLL {
+                let at = row + u * SUM_LANES;
+                loaded[u] = Vector::new(0.0);
+                if at < rows {
+                    loaded[u] = partials[at * width_vectors + col];
+                }
+            }
+            #[unroll]
+            for u in 0..SUM_UNROLL {
+                total += loaded[u];
+            }
+            row += SUM_LANES * SUM_UNROLL;
         }
     }
     let mut lanes = SharedMemory::<Vector<f32, N>>::new(comptime!(SUM_COLUMNS * SUM_LANES));
     lanes[lane * SUM_COLUMNS + x] = total;
     sync_cube();
-    if lane == 0 && col < width_vectors {
-        let mut sum = lanes[x];
-        #[unroll]
-        for l in 1..SUM_LANES {
-            sum += lanes[l * SUM_COLUMNS + x];
+    #[unroll]
+    for step in 0..comptime!(SUM_LANES.trailing_zeros()) {
+        let half = SUM_LANES >> (step + 1);
+        if lane < half {
+            lanes[lane * SUM_COLUMNS + x] = lanes[lane * SUM_COLUMNS + x] + lanes[(lane + half) * SUM_COLUMNS + x];
         }
-        out[col] = Vector::cast_from(sum);
+        sync_cube();
+    }
+    if lane == 0 && col < width_vectors {
+        out[col] = Vector::cast_from(lanes[x]);
     }
 }
 
