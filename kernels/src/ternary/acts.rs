@@ -39,17 +39,7 @@ fn normalized<F: Float, N: Size>(x: Vector<F, N>, gamma: Vector<F, N>, rstd: f32
     Vector::cast_from(Vector::<f32, N>::cast_from(x) * Vector::new(rstd) * Vector::<f32, N>::cast_from(gamma))
 }
 
-/// Vector `j` of the row starting at vector `base`: `x`, or with `normed` its RMSNorm output.
-#[cube]
-fn act_input<F: Float, N: Size>(x: &Array<Vector<F, N>>, gamma: &Array<Vector<F, N>>, base: usize, j: usize, rstd: f32, #[comptime] normed: bool) -> Vector<F, N> {
-    let mut v = x[base + j];
-    if comptime!(normed) {
-        v = normalized(v, gamma[j], rstd);
-    }
-    v
-}
-
-/// The row vector in held slot `h` of [`quantize_acts_packed_kernel`]'s unit: slot `h` holds
+/// The row vector in held slot `h` of a unit of the activation kernels ([`hold_row`]): slot `h` holds
 /// load `h % per_quad` of the unit's quad `h / per_quad`, quads striding by the row's units.
 #[cube]
 fn held_vector(h: usize, #[comptime] per_quad: usize, #[comptime] layout: RowLayout) -> usize {
