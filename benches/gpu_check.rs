@@ -167,6 +167,24 @@ fn copy_rate(device: &CudaDevice) -> f64 {
     rate
 }
 
+/// CubeCL's backend without Burn's fusion: each op launches as it is called.
+type Cube = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
+
+/// A `bench` line of the GPU's own time per call of `f` on `CubeBackend` (calls queued behind
+/// busy work, as the peers' CUDA-event timings see a kernel), beside the host's time to enqueue
+/// one. `bytes` are the bytes a call moves; `out_bytes` those it allocates, which bound how many
+/// calls stay queued at once.
+fn gpu_line<T>(device: &CudaDevice, name: &str, bytes: f64, out_bytes: f64, f: impl FnMut() -> T) {
+    let calls = (8e9 / out_bytes).clamp(20.0, 300.0) as usize;
+    let (gpu, enqueue) = gpu_time_per_call::<Cube, _>(device, calls, f);
+    println!(
+        "bench {name:<52} GPU {:>8.1} us {:>7.0} GB/s; enqueue {:.1} us/call ({calls} calls)",
+        gpu * 1e6,
+        bytes / gpu / 1e9,
+        enqueue / calls as f64 * 1e6
+    );
+}
+
 /// RMSNorm's forward, its backward's kernels and an autodiff step on `[t, h]` bf16, beside Burn's
 /// module.
 fn bench_rms_norm(device: &CudaDevice, t: usize, h: usize, copy_rate: f64) {
@@ -179,6 +197,14 @@ fn bench_rms_norm(device: &CudaDevice, t: usize, h: usize, copy_rate: f64) {
     let named = |what: &str| format!("{what} [{t},{h}]");
     line(&named("kiln rms_norm fwd bf16"), time(device, ITERS, || ops::rms_norm(x.clone(), g.clone(), 1e-6)), 2.0 * n * bf, copy_rate);
     line(&named("kiln rms_norm+residual fwd bf16"), time(device, ITERS, || ops::rms_norm_residual(x.clone(), r.clone(), g.clone(), 1e-6)), 4.0 * n * bf, copy_rate);
+    let (xc, rc, gc, dyc) = (bf16::<Cube, 2>([t, h], device), bf16::<Cube, 2>([t, h], device), bf16::<Cube, 1>([h], device), bf16::<Cube, 2>([t, h], device));
+    gpu_line(device, &named("kiln rms_norm fwd bf16"), 2.0 * n * bf, n * bf, || ops::rms_norm(xc.clone(), gc.clone(), 1e-6));
+    gpu_line(device, &named("kiln rms_norm+residual fwd bf16"), 4.0 * n * bf, 2.0 * n * bf, || ops::rms_norm_residual(xc.clone(), rc.clone(), gc.clone(), 1e-6));
+    let rstd_c = <Cube as kiln::ops::rms_norm::RmsNormBackend>::rms_norm_forward(xc.clone().into_primitive().tensor(), gc.clone().into_primitive().tensor(), None, 1e-6).rstd;
+    gpu_line(device, &named("kiln rms_norm bwd bf16 (dx, dgamma)"), 3.0 * n * bf, n * bf, || {
+        <Cube as kiln::ops::rms_norm::RmsNormBackend>::rms_norm_backward(xc.clone().into_primitive().tensor(), gc.clone().into_primitive().tensor(), rstd_c.clone(), dyc.clone().into_primitive().tensor())
+    });
+    drop((xc, rc, gc, dyc, rstd_c));
     let burn_norm = burn::nn::RmsNormConfig::new(h).with_epsilon(1e-6).init::<B>(device);
     let burn_norm = burn::nn::RmsNorm { gamma: burn::module::Param::from_tensor(g.clone()), ..burn_norm };
     line(&named("burn nn::RmsNorm fwd bf16"), time(device, ITERS, || burn_norm.forward(x.clone())), 2.0 * n * bf, copy_rate);
@@ -196,13 +222,10 @@ fn bench_rms_norm(device: &CudaDevice, t: usize, h: usize, copy_rate: f64) {
     line(&named("burn nn::RmsNorm fwd+bwd (autodiff) bf16"), time(device, ITERS, || (burn_norm_ad.forward(xa.clone()) * dya.clone()).sum().backward()), 5.0 * n * bf, copy_rate);
 }
 
-fn bench(device: &CudaDevice) {
-    let bf = 2.0; // bytes per bf16 element
-    let copy_rate = copy_rate(device);
-    bench_rms_norm(device, 16384, 4096, copy_rate);
-    bench_rms_norm(device, 4096, 2048, copy_rate);
-
-    // SwiGLU [16384, 11008].
+/// SwiGLU's forward, its backward's kernel and an autodiff step on `[16384, 11008]` bf16, beside
+/// Burn's fused `silu(g) * u`.
+fn bench_swiglu(device: &CudaDevice, copy_rate: f64) {
+    let bf = 2.0;
     let (t, f) = (16384, 11008);
     let gate = rand([t, f], device);
     let up = rand([t, f], device);
@@ -210,6 +233,13 @@ fn bench(device: &CudaDevice) {
     let n = (t * f) as f64;
     line("kiln swiglu fwd bf16 [16384,11008]", time(device, ITERS, || ops::swiglu(gate.clone(), up.clone())), 3.0 * n * bf, copy_rate);
     line("burn silu(g)*u fwd bf16", time(device, ITERS, || activation::silu(gate.clone()) * up.clone()), 3.0 * n * bf, copy_rate);
+    {
+        let (gc, uc, dyc) = (bf16::<Cube, 2>([t, f], device), bf16::<Cube, 2>([t, f], device), bf16::<Cube, 2>([t, f], device));
+        gpu_line(device, "kiln swiglu fwd bf16 [16384,11008]", 3.0 * n * bf, n * bf, || ops::swiglu(gc.clone(), uc.clone()));
+        gpu_line(device, "kiln swiglu bwd bf16 (dg, du)", 5.0 * n * bf, 2.0 * n * bf, || {
+            <Cube as kiln::ops::swiglu::SwiGluBackend>::glu_backward(gc.clone().into_primitive().tensor(), uc.clone().into_primitive().tensor(), dyc.clone().into_primitive().tensor(), GluActivation::Silu)
+        });
+    }
     line("kiln swiglu bwd bf16 (dg, du)", time(device, ITERS, || {
         <B as kiln::ops::swiglu::SwiGluBackend>::glu_backward(gate.clone().into_primitive().tensor(), up.clone().into_primitive().tensor(), dy.clone().into_primitive().tensor(), GluActivation::Silu)
     }), 5.0 * n * bf, copy_rate);
@@ -218,6 +248,15 @@ fn bench(device: &CudaDevice) {
     line("kiln swiglu fwd+bwd (autodiff) bf16", time(device, ITERS, || (ops::swiglu(ga.clone(), ua.clone()) * dya.clone()).sum().backward()), 8.0 * n * bf, copy_rate);
     line("burn silu(g)*u fwd+bwd (autodiff) bf16", time(device, ITERS, || ((activation::silu(ga.clone()) * ua.clone()) * dya.clone()).sum().backward()), 8.0 * n * bf, copy_rate);
     drop((gate, up, dy, ga, ua, dya));
+}
+
+fn bench(device: &CudaDevice) {
+    let bf = 2.0; // bytes per bf16 element
+    let copy_rate = copy_rate(device);
+    bench_rms_norm(device, 16384, 4096, copy_rate);
+    bench_rms_norm(device, 4096, 2048, copy_rate);
+
+    bench_swiglu(device, copy_rate);
 
     // RoPE and fused QK-norm + RoPE: q [4, 4096, 32, 128], k [4, 4096, 8, 128].
     let (b, s, hq, hk, d) = (4, 4096, 32, 8, 128);
@@ -413,7 +452,6 @@ struct Timed {
 }
 
 fn time_both<T, U>(device: &CudaDevice, fused: impl FnMut() -> T, cube: impl FnMut() -> U) -> Timed {
-    type Cube = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
     const CALLS: usize = 300;
     let per_call = time_adaptive(device, 0.05, 2000, fused);
     let (gpu, enqueue) = gpu_time_per_call::<Cube, _>(device, CALLS, cube);
@@ -560,7 +598,6 @@ fn bench_decode(device: &CudaDevice) {
 /// One decode-sized RMSNorm (`[1, 4096]` bf16, no residual) per call on `CubeBackend`: per call
 /// time over 2000 calls (median of three), for `cuda_trace.so` to count each call's launches.
 fn bench_rms_norm_calls(device: &CudaDevice) {
-    type Cube = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
     let x = Tensor::<Cube, 2>::random([1, 4096], Distribution::Normal(0.0, 1.0), device).cast(DType::BF16);
     let g = Tensor::<Cube, 1>::random([4096], Distribution::Normal(0.0, 1.0), device).cast(DType::BF16);
     let mut times: Vec<f64> = (0..4)
@@ -691,6 +728,9 @@ fn main() {
         let copy_rate = copy_rate(&device);
         bench_rms_norm(&device, 16384, 4096, copy_rate);
         bench_rms_norm(&device, 4096, 2048, copy_rate);
+    }
+    if mode == "glu" {
+        bench_swiglu(&device, copy_rate(&device));
     }
     if mode == "rms-norm-calls" {
         bench_rms_norm_calls(&device);

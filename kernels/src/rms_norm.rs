@@ -183,7 +183,8 @@ pub struct RmsNormPlan {
     pub vector_size: usize,
     /// Layout of the forward kernel.
     pub layout: RowLayout,
-    /// Layout of the backward kernel (fewer vectors per unit: it holds four row arrays).
+    /// Layout of the backward kernel: one vector a unit (it holds six row arrays), which ran
+    /// 1.3–1.5× faster than two on the H200 (`benches/RESULTS.md`, forty-fifth session).
     pub backward_layout: RowLayout,
 }
 
@@ -196,10 +197,11 @@ impl RmsNormPlan {
         // 16-byte loads for the storage dtype; f32 partials of dγ then use up to 4×vector bytes.
         let vector_size = vector_size_for(client, width, elem_size, 16);
         let width_vectors = width / vector_size;
+        let backward_vectors = crate::measurement_override("KILN_RMS_NORM_BACKWARD_VECTORS", 1..=8).unwrap_or(1);
         Ok(Self {
             vector_size,
             layout: RowLayout::new(client, width_vectors, vector_size, 4)?,
-            backward_layout: RowLayout::new(client, width_vectors, vector_size, 2)?,
+            backward_layout: RowLayout::new(client, width_vectors, vector_size, backward_vectors)?,
         })
     }
 }

@@ -41,8 +41,8 @@ impl RowLayout {
     ///
     /// More vectors per unit put more independent loads in flight; fewer keep the registers a
     /// unit needs low enough for several cubes to share a multiprocessor. Forward kernels hold
-    /// one array per row and take 4; backward kernels hold four (inputs, gradients, γ, dγ) and
-    /// take 1–2, or they spill and run one cube per multiprocessor.
+    /// one array per row and take 4; backward kernels hold four to six (inputs, gradients, γ,
+    /// dγ, …) and take 1, or they spill and run one cube per multiprocessor.
     pub fn new<R: Runtime>(
         client: &ComputeClient<R>,
         width_vectors: usize,
