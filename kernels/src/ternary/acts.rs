@@ -52,6 +52,17 @@ fn act_code(x: f32, s: f32) -> f32 {
     round_clamp(x * s, -128.0, 127.0)
 }
 
+/// `q / s` from the row's `inv = 1 / s`: the product and one fused correction by the exact
+/// remainder (Markstein), the quotient rounded once as IEEE division rounds it. IEEE division on
+/// CUDA leaves its fast path for a zero dividend, and a warp's 64 codes a lane always hold some:
+/// the QAT backward's kernel ran with 17–24 of 32 lanes active and at 15–18% of DRAM bandwidth
+/// (`benches/RESULTS.md`, 46th session).
+#[cube]
+fn quotient(q: f32, s: f32, inv: f32) -> f32 {
+    let y = q * inv;
+    fma(fma(-y, s, q), inv, y)
+}
+
 /// This unit's quads of activation row `row` into `held` (each unit holds quads
 /// `i · units_per_row + UNIT_POS_X`, `per_quad` loads of `N` values each; zeros past the row),
 /// RMS-normalized first with `normed` ([`ActNorm`]; the row's `rstd` written unless `given`),
@@ -209,6 +220,10 @@ fn quantize_acts_float_kernel<F: Float, N: Size>(
     let valid = row < rows;
     let mut held = Array::<Vector<F, N>>::new(comptime!(layout.vectors_per_unit * per_quad));
     let s = hold_row(x, gamma, rstd, &mut held, row, valid, k, epsilon, per_quad, normed, given, layout);
+    let mut inv = 0.0f32;
+    if comptime!(dequantized) {
+        inv = 1.0f32 / s;
+    }
     let vectors = k / N::value();
     #[unroll]
     for h in 0..comptime!(layout.vectors_per_unit * per_quad) {
@@ -220,7 +235,7 @@ fn quantize_acts_float_kernel<F: Float, N: Size>(
             for e in 0..N::value() {
                 out[e] = act_code(values[e], s);
                 if comptime!(dequantized) {
-                    out[e] /= s;
+                    out[e] = quotient(out[e], s, inv);
                 }
             }
             codes[row * vectors + v] = Vector::cast_from(out);
