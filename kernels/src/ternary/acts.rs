@@ -52,11 +52,12 @@ fn act_code(x: f32, s: f32) -> f32 {
     round_clamp(x * s, -128.0, 127.0)
 }
 
-/// `q / s` from the row's `inv = 1 / s`: the product and one fused correction by the exact
-/// remainder (Markstein), the quotient rounded once as IEEE division rounds it. IEEE division on
-/// CUDA leaves its fast path for a zero dividend, and a warp's 64 codes a lane always hold some:
-/// the QAT backward's kernel ran with 17–24 of 32 lanes active and at 15–18% of DRAM bandwidth
-/// (`benches/RESULTS.md`, 46th session).
+/// `q / s` from the row's correctly rounded `inv = 1 / s`: the product and one fused correction
+/// by the exact remainder (Markstein), which rounds the quotient as IEEE division does where the
+/// backend fuses `fma` (CUDA; WGSL may not, leaving it within an ulp). With IEEE division
+/// the QAT backward's kernel ran with 17–24 of 32 lanes active and at 15–18% of DRAM bandwidth,
+/// divergent as the division's slow path is (the packed kernel, the same code without it, keeps
+/// all 32); this took it from 4.65 to 2.47 ms a QAT step (`benches/RESULTS.md`, 46th session).
 #[cube]
 fn quotient(q: f32, s: f32, inv: f32) -> f32 {
     let y = q * inv;
