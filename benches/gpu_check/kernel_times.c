@@ -3,11 +3,10 @@
 // goes, with no profiler on the GPU machine (it has no Nsight Systems). Two runs of different step
 // counts, differenced, give a step's share (the warm-up's autotuning cancels out).
 //
-// Built on the GPU machine against CUPTI's headers; KILN_KERNEL_T names the newest kernel record
-// the headers define (CUpti_ActivityKernel10 in CUDA 13.0's; older toolkits stop at lower numbers):
-//   gcc -O2 -shared -fPIC -DKILN_KERNEL_T=CUpti_ActivityKernel10 -I$CUPTI/include
-//       -o kernel_times.so kernel_times.c -L$CUPTI/lib -l:libcupti.so.<version>   (one line)
-//   LD_PRELOAD=./kernel_times.so ./qat_step --steps 8
+// Built on the GPU machine against CUPTI's headers by kernel_times.sh, which also runs the command:
+// KILN_KERNEL_T names the newest kernel record the headers define (CUpti_ActivityKernel10 in CUDA
+// 13.0's; older toolkits stop at lower numbers).
+//   gpu/kernel_times.sh gpu/kiln-qat-step --steps 8
 // KERNEL_TIMES_TOP (default 40) limits the lines printed.
 #include <cupti.h>
 #include <stdint.h>
