@@ -31,8 +31,11 @@
 // being multiplied (across tiles too), so HBM always has that much of every warp's reads in
 // flight. The scales travel one group ahead too, in registers: a double-quantized scale is two
 // dependent loads, and waiting on them at each group's start held the previous version at 50%
-// of HBM. The copy and scale cursors step through (tile, group) by additions; the divisions
-// by runtime values they replace were a third of a group's instructions. A whole group's spans
+// of HBM. The nested code book is the cube's copy in shared memory and the offset a register,
+// which took 2–4% off the kernel's time on the H200, where it is bound by its instructions and
+// shared-memory traffic rather than by HBM (`benches/RESULTS.md`, forty-seventh session). The
+// copy and scale cursors step through (tile, group) by additions; the divisions by runtime
+// values they replace were a third of a group's instructions. A whole group's spans
 // run without branches between them, so their MMA chains interleave. A warp's groups of a tile
 // are one contiguous range of `k` rather than every KILN_WARPS-th group: 10% faster at
 // 8192 → 28672, where the interleaved order read 128 bytes of a row per warp at a time (`benches/RESULTS.md`,
@@ -97,14 +100,14 @@ struct Params {
 struct Scales {
     const float* __restrict__ absmax;
     const unsigned* __restrict__ codes;
-    const float* __restrict__ nested_code;
-    const float* __restrict__ offset;
+    const float* nested_code;  // the cube's copy in shared memory
+    float offset;
 
     // The scale of block `b`: as the portable kernel's `block_scale`.
     __device__ __forceinline__ float get(size_t b) const {
 #if KILN_NESTED
         const unsigned q = (__ldg(codes + b / 4) >> (8 * (b % 4))) & 0xffu;
-        return __ldg(nested_code + q) * __ldg(absmax + b / 256) + __ldg(offset);
+        return nested_code[q] * __ldg(absmax + b / 256) + offset;
 #else
         return __ldg(absmax + b);
 #endif
@@ -117,6 +120,7 @@ extern "C" __global__ void __launch_bounds__(KILN_THREADS, KILN_MIN_BLOCKS) kiln
     const float* __restrict__ offset, unsigned short* __restrict__ out, const __grid_constant__ Params p) {
     extern __shared__ uint4 kiln_shared_words[];
     __shared__ float partial[KILN_WARPS][4][32];
+    __shared__ float book[256];  // the nested code book
     const unsigned tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
     const unsigned shared = (unsigned)__cvta_generic_to_shared(kiln_shared_words);
     const unsigned lane_table = shared + lane * 4;
@@ -168,6 +172,9 @@ extern "C" __global__ void __launch_bounds__(KILN_THREADS, KILN_MIN_BLOCKS) kiln
     for (unsigned j = 0; j < KILN_STAGES - 1; ++j) issue();
 
     for (unsigned e = tid; e < 256; e += KILN_THREADS) {
+#if KILN_NESTED
+        book[e] = __ldg(nested_code + e);
+#endif
         const unsigned v = (unsigned)kiln_out(__ldg(code + (e >> 4))) | ((unsigned)kiln_out(__ldg(code + (e & 15))) << 16);
         uint4* entry = kiln_shared_words + e * 8;
 #pragma unroll
@@ -177,7 +184,11 @@ extern "C" __global__ void __launch_bounds__(KILN_THREADS, KILN_MIN_BLOCKS) kiln
 
     // The scale cursor, one group ahead of the products: lane (g, t) fetches the scales of span
     // first + t of rows g and g + 8, which the group's span t then takes by shuffle.
-    const Scales scales{absmax, absmax_codes, nested_code, offset};
+#if KILN_NESTED
+    const Scales scales{absmax, absmax_codes, book, __ldg(offset)};
+#else
+    const Scales scales{absmax, absmax_codes, book, 0.f};
+#endif
     unsigned s_tile = blockIdx.x, s_group = g_begin;
     float own0 = 0.f, own1 = 0.f;
     auto fetch = [&]() {
