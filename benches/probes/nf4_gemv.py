@@ -3,13 +3,19 @@ build: each `.cu` is compiled by NVRTC through CuPy with the defines `mma.rs` pa
 double-quantized scales), run on random codes, checked against an f64 reference (max error) and
 against the first file (bit-identical or not), and timed like `benches/peers/gemm.py`'s
 `gpu_seconds` (CUDA events, calls queued behind `torch.cuda._sleep`), next to bitsandbytes (if
-importable) and torch bf16 in the same process. The thirty-second session tuned the kernel with it.
+importable) and torch bf16 in the same process. The thirty-second session tuned the kernel with it;
+the forty-seventh took it apart on the H200 with `--ablate`.
 
 Usage on the GPU machine, from the repository root:
-    python3 benches/probes/nf4_gemv.py [--sass] [variant.cu ...]   (default: the committed kernel)
+    python3 benches/probes/nf4_gemv.py [--sass] [--ablate] [variant.cu ...]   (default: the committed kernel)
 Environment: SHAPES (k x n list, default the issue's four), ROWS (default 1,8). A variant may set
-its launch geometry with header lines `// probe: WARPS=4` (also UNROLL, STAGES, TEAMS, TABLE);
-`--sass` writes each variant's SASS (nvcc, sm_90) to $OUT and prints its instruction count."""
+its launch geometry with header lines `// probe: WARPS=4` (also UNROLL, STAGES, TEAMS, TABLE,
+RESIDENT: cubes an SM), and `// probe: LAYOUT=tiled` hands it the packed weight re-tiled so that
+each tile's group of four spans (16 rows of 128 bytes) is one contiguous run (for a variant whose
+copies read that layout; the committed kernel's outputs are then wrong). `--ablate` adds the
+committed kernel with one part taken out (`ABLATIONS`: the products, the scale loads, the table
+lookups, the MMAs), whose outputs are wrong by design: timing only. `--sass` writes each
+variant's SASS (nvcc, sm_90) to $OUT and prints its instruction count."""
 import os, sys, re, subprocess
 import numpy as np
 import cupy as cp
@@ -42,16 +48,45 @@ def tiling(spans, env):
     return warps, unroll, stages
 
 
+# Parts of the committed kernel that `--ablate` replaces, one variant each: (name, kernel text,
+# replacement). The replaced text must be in the kernel (an edit to it fails here, loudly).
+ABLATIONS = [
+    ("copies", """            if (first + KILN_UNROLL <= spans) {
+#pragma unroll
+                for (int u = 0; u < KILN_UNROLL; ++u) span(u);
+            } else {
+#pragma unroll
+                for (int u = 0; u < KILN_UNROLL; ++u)
+                    if (first + u < spans) span(u);
+            }""", "            acc[0] += cur0 + cur1 + (float)first; (void)at; (void)span;"),
+    ("noscale", """                own0 = scales.get((size_t)min(s_tile * 16 + g, p.n - 1) * blocks_per_row + b);
+                own1 = scales.get((size_t)min(s_tile * 16 + g + 8, p.n - 1) * blocks_per_row + b);""",
+     "                own0 = 1.f + b * 1e-9f; own1 = 1.f;"),
+    ("nolookup", "    return kiln_lds(lane_table + (__byte_perm(word, 0, 0x4440 + b) << 7));",
+     "    return __byte_perm(word, 0, 0x4440 + b) * 0x00010001u + (lane_table & 1);"),
+    ("nomma", """                    if (st == 0) kiln_mma_first(c, a, xb.x, xb.y);
+                    else kiln_mma(c, a, st % 2 ? xb.z : xb.x, st % 2 ? xb.w : xb.y);""",
+     """                    if (st == 0) { c[0] = __uint_as_float(a[0] ^ xb.x); c[1] = __uint_as_float(a[1]); c[2] = __uint_as_float(a[2]); c[3] = __uint_as_float(a[3] ^ xb.y); }
+                    else { c[0] += __uint_as_float(a[0] ^ xb.z); c[1] += __uint_as_float(a[1]); c[2] += __uint_as_float(a[2]); c[3] += __uint_as_float(a[3] ^ xb.w); }"""),
+]
+
+
+def ablations(path):
+    text = open(path).read()
+    for name, part, replacement in ABLATIONS:
+        assert part in text, f"--ablate {name}: the kernel no longer has the part it replaces"
+        yield Variant(f"gemv.cu-{name}", text.replace(part, replacement))
+
+
 class Variant:
-    def __init__(self, path):
-        self.path = path
-        self.name = os.path.basename(path)
-        text = open(path).read()
+    def __init__(self, name, text):
+        self.name = name
         # Optional header lines "// probe: KEY=VALUE" set the launch geometry of the variant.
         self.env = dict(re.findall(r"^// probe: (\w+)=(\S+)", text, re.M))
         # `KILN_OUT_KIND` and the output element kiln places before the source (bf16 here).
         out = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "kernels", "src", "cuda_out.cuh")).read()
         self.src = "#define KILN_OUT_KIND 2\n" + out + patch(text)
+        self.layout = self.env.get("LAYOUT", "rows")
         self.table = int(self.env.get("TABLE", 256 * 32 * 4))
         self.teams = int(self.env.get("TEAMS", 1))
         self.cache = {}
@@ -69,7 +104,7 @@ class Variant:
         warps, unroll, stages = tiling(spans, self.env)
         shared = self.table + self.teams * warps * stages * 16 * (32 * unroll + 32)
         fixed = 2 * self.teams * warps * 4 * 32 * 4
-        resident = max(1, min(24 // (warps * self.teams), SMEM // (shared + fixed + 1024)))
+        resident = int(self.env.get("RESIDENT", max(1, min(24 // (warps * self.teams), SMEM // (shared + fixed + 1024)))))
         f = self.kernel(rows, warps, unroll, stages, resident)
         f.max_dynamic_shared_size_bytes = shared
         tiles = -(-n // 16)
@@ -93,6 +128,14 @@ def data(k, n, seed=0):
     x = cp.asarray(rng.standard_normal((max(ROWS), k)).astype(np.float32))
     return dict(words=words, qcodes=cp.asarray(qcodes), absmax_codes=absmax_codes, nested_code=nested_code,
                 nested_absmax=nested_absmax, offset=offset, code=code, x=x)
+
+
+def tiled(words, n, k, unroll=4):
+    """The packed `[n, k / 2]` bytes with each tile's group of `unroll` spans (16 rows of 32 ·
+    unroll bytes) one contiguous run, tiles outermost (`LAYOUT=tiled`)."""
+    g = unroll * 32
+    assert n % 16 == 0 and (k // 2) % g == 0, "LAYOUT=tiled takes whole tiles and groups"
+    return cp.ascontiguousarray(words.reshape(n // 16, 16, k // 2 // g, g).transpose(0, 2, 1, 3)).reshape(-1)
 
 
 def to_bf16_bits(a):
@@ -142,7 +185,10 @@ def main():
     do_sass = "--sass" in args
     paths = [a for a in args if a.endswith(".cu")]
     here = os.path.dirname(os.path.abspath(__file__))
-    variants = [Variant(a) for a in paths or [os.path.join(here, "..", "..", "kernels", "src", "nf4", "gemv.cu")]]
+    committed = os.path.join(here, "..", "..", "kernels", "src", "nf4", "gemv.cu")
+    variants = [Variant(os.path.basename(a), open(a).read()) for a in paths or [committed]]
+    if "--ablate" in args:
+        variants += list(ablations(committed))
     stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)  # torch's stream, behind its sleep
     if do_sass:
         for v in variants:
@@ -157,7 +203,8 @@ def main():
             line = f"k{k} n{n} m{rows}:"
             for v in variants:
                 out = cp.full((rows, n), 0x7fc0, dtype=cp.uint16)  # poison: bf16 NaN
-                bufs = (xbits, d["words"], d["code"], d["nested_absmax"], d["absmax_codes"], d["nested_code"], d["offset"], out)
+                words = tiled(d["words"], n, k) if v.layout == "tiled" else d["words"]
+                bufs = (xbits, words, d["code"], d["nested_absmax"], d["absmax_codes"], d["nested_code"], d["offset"], out)
                 with stream:
                     v.launch(rows, n, k, bufs, stream)
                 stream.synchronize()
