@@ -130,7 +130,7 @@ def data(k, n, seed=0):
                 nested_absmax=nested_absmax, offset=offset, code=code, x=x)
 
 
-def tiled(words, n, k, unroll=4):
+def tiled(words, n, k, unroll):
     """The packed `[n, k / 2]` bytes with each tile's group of `unroll` spans (16 rows of 32 ·
     unroll bytes) one contiguous run, tiles outermost (`LAYOUT=tiled`)."""
     g = unroll * 32
@@ -203,7 +203,7 @@ def main():
             line = f"k{k} n{n} m{rows}:"
             for v in variants:
                 out = cp.full((rows, n), 0x7fc0, dtype=cp.uint16)  # poison: bf16 NaN
-                words = tiled(d["words"], n, k) if v.layout == "tiled" else d["words"]
+                words = tiled(d["words"], n, k, tiling(k // 64, v.env)[1]) if v.layout == "tiled" else d["words"]
                 bufs = (xbits, words, d["code"], d["nested_absmax"], d["absmax_codes"], d["nested_code"], d["offset"], out)
                 with stream:
                     v.launch(rows, n, k, bufs, stream)
