@@ -64,6 +64,14 @@ struct PlanKey {
     alignment: u32,
 }
 
+impl PlanKey {
+    /// Multiply-adds × 2 of the product.
+    fn flops(&self) -> f64 {
+        let k = if self.layout.transpose_lhs { self.lhs.rows } else { self.lhs.cols };
+        2.0 * (self.batch * self.out.rows * self.out.cols) as f64 * k as f64
+    }
+}
+
 /// One algorithm cuBLASLt's heuristic offered, with the workspace it needs.
 #[derive(Clone, Copy)]
 struct Algo {
@@ -279,7 +287,10 @@ unsafe fn set_pref<T>(
 }
 
 /// Algorithms asked of cuBLASLt's heuristic per plan; the first product times them all.
-const CANDIDATES: usize = 8;
+/// `KILN_GEMM_CANDIDATES` (1–64) overrides, for measurements.
+fn candidates() -> usize {
+    std::env::var("KILN_GEMM_CANDIDATES").ok().and_then(|v| v.parse().ok()).filter(|n| (1..=64).contains(n)).unwrap_or(8)
+}
 
 /// Descriptors for `key` and cuBLASLt's heuristic candidates among algorithms that fit the
 /// workspace and the pointers' alignment (its first pick chosen until [`tune`] has run).
@@ -338,7 +349,7 @@ fn build_plan(handle: sys::cublasLtHandle_t, key: &PlanKey, workspace_size: usiz
     Ok(Plan { parts: PlanParts { desc, layouts, algo: candidates[0] }, candidates })
 }
 
-/// Up to [`CANDIDATES`] algorithms for the descriptors, best first by cuBLASLt's estimate; never
+/// Up to [`candidates`] algorithms for the descriptors, best first by cuBLASLt's estimate; never
 /// empty on `Ok`.
 unsafe fn heuristic_candidates(
     handle: sys::cublasLtHandle_t,
@@ -347,10 +358,11 @@ unsafe fn heuristic_candidates(
     pref: sys::cublasLtMatmulPreference_t,
 ) -> Result<Vec<Algo>, String> {
     // SAFETY: a plain C struct, valid zeroed; cuBLASLt fills the first `count`.
-    let mut results: Vec<sys::cublasLtMatmulHeuristicResult_t> = vec![unsafe { std::mem::zeroed() }; CANDIDATES];
+    let wanted = candidates();
+    let mut results: Vec<sys::cublasLtMatmulHeuristicResult_t> = vec![unsafe { std::mem::zeroed() }; wanted];
     let mut count = 0;
-    // SAFETY: live descriptors; `results` holds CANDIDATES entries.
-    unsafe { sys::cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, out, out, pref, CANDIDATES as i32, results.as_mut_ptr(), &mut count) }
+    // SAFETY: live descriptors; `results` holds `wanted` entries.
+    unsafe { sys::cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, out, out, pref, wanted as i32, results.as_mut_ptr(), &mut count) }
         .result()
         .map_err(err)?;
     let algos: Vec<Algo> = results[..count.max(0) as usize]
@@ -361,45 +373,127 @@ unsafe fn heuristic_candidates(
     if algos.is_empty() { Err("the heuristic returned none".into()) } else { Ok(algos) }
 }
 
-/// Time each candidate on the product's own operands (two runs each after one warm-up run, CUDA
-/// events on the product's stream) and return the fastest. cuBLASLt's heuristic ranks by a model of the
-/// device; measuring its top candidates once per shape is what PyTorch's TunableOp does (on the
-/// H100 runs of 2026-11-23 this was not measured apart from the SM-target change that came with
-/// it). Runs on the product's own lane, ordered after its producers; the runs only write an output
-/// that is not an input (bias and residual make them idempotent), which the real launch after this
-/// overwrites or which is scratch.
-fn tune(stream: dsys::CUstream, candidates: &[Algo], run: impl Fn(&Algo) -> Result<(), String>) -> Result<Algo, String> {
+/// Runs of each candidate that [`tune`] times, after its warm-up run.
+const TIMED_RUNS: usize = 3;
+
+/// Products of at most this many flops are timed behind a [`Gate`]: short enough (~10 µs at
+/// cuBLASLt's bf16 rate) that the host's enqueueing can outlast them. Longer ones are timed as
+/// queued, as before the gate, whose picks for the QLoRA step's NF4 base products made that step
+/// 0.05 ms slower (`benches/RESULTS.md`, forty-eighth session).
+const GATED_FLOPS: f64 = 8e9;
+
+/// Time each candidate on the product's own operands (CUDA events on the product's stream) and
+/// return the fastest. cuBLASLt's heuristic ranks by a model of the device; measuring its top
+/// candidates once per shape is what PyTorch's TunableOp does. Every candidate first runs once,
+/// which loads its code (lazy loading may wait for the context's streams, so never behind a held
+/// one). Then, for a `gated` (short) product, the stream is held on a [`Gate`] while every
+/// candidate's timed runs are queued, and released, so that the events time the GPU running them
+/// back to back rather than the host enqueueing them. Timed as queued, a product of ~10 µs
+/// measured its enqueueing: three of the four rank-r products of a LoRA step at 4096 × 4096 picked
+/// kernels of 14.7–15.0 µs where the gated timing picks 12.0–12.8 (with cuBLASLt's split-k
+/// reduction; `benches/RESULTS.md`, forty-eighth session). Where no gate can be made the runs
+/// are timed as queued. Runs on the product's own lane, ordered after its producers; the runs
+/// only write an output that is not an input (bias and residual make them idempotent), which the
+/// real launch after this overwrites or which is scratch.
+fn tune(stream: dsys::CUstream, candidates: &[Algo], gated: bool, run: impl Fn(&Algo) -> Result<(), String>) -> Result<Algo, String> {
     if candidates.len() == 1 {
         return Ok(candidates[0]);
     }
-    let event = || drv::event::create(dsys::CUevent_flags::CU_EVENT_DEFAULT).map_err(err);
-    let (start, end) = (event()?, event()?);
-    let mut best: Option<(f32, Algo)> = None;
-    let mut timed = || -> Result<(), String> {
-        for candidate in candidates {
-            if run(candidate).is_err() {
-                continue;
+    let ready: Vec<Algo> = candidates.iter().copied().filter(|c| run(c).is_ok()).collect();
+    // SAFETY: a live stream.
+    unsafe { drv::stream::synchronize(stream) }.map_err(err)?;
+    let mut events = Vec::with_capacity(ready.len());
+    let timed = {
+        let gate = gated.then(|| Gate::hold(stream).ok()).flatten();
+        let queued = (|| -> Result<Vec<bool>, String> {
+            let event = || drv::event::create(dsys::CUevent_flags::CU_EVENT_DEFAULT).map_err(err);
+            let mut ran = Vec::with_capacity(ready.len());
+            for candidate in &ready {
+                events.push((event()?, event()?));
+                let (start, end) = events[events.len() - 1];
+                // SAFETY (both): live events and stream.
+                unsafe { drv::event::record(start, stream) }.map_err(err)?;
+                ran.push((0..TIMED_RUNS).all(|_| run(candidate).is_ok()));
+                unsafe { drv::event::record(end, stream) }.map_err(err)?;
             }
-            // SAFETY (all calls): live events and stream.
-            unsafe { drv::event::record(start, stream) }.map_err(err)?;
-            let runs = run(candidate).and_then(|()| run(candidate));
-            unsafe { drv::event::record(end, stream) }.map_err(err)?;
-            unsafe { drv::event::synchronize(end) }.map_err(err)?;
+            Ok(ran)
+        })();
+        drop(gate);
+        queued
+    };
+    let best = timed.and_then(|ran| {
+        // SAFETY: a live stream, its last work the events recorded above.
+        unsafe { drv::stream::synchronize(stream) }.map_err(err)?;
+        let mut best: Option<(f32, Algo)> = None;
+        for ((candidate, &(start, end)), ok) in ready.iter().zip(&events).zip(ran) {
+            // SAFETY: both events recorded and complete.
             let ms = unsafe { drv::event::elapsed(start, end) }.map_err(err)?;
-            if runs.is_ok() && best.is_none_or(|(b, _)| ms < b) {
+            if ok && best.is_none_or(|(b, _)| ms < b) {
                 best = Some((ms, *candidate));
             }
         }
-        Ok(())
-    };
-    let outcome = timed();
-    // SAFETY: events created above, no longer recorded.
-    unsafe {
-        let _ = drv::event::destroy(start);
-        let _ = drv::event::destroy(end);
+        Ok(best)
+    });
+    for (start, end) in events {
+        // SAFETY: events created above, no longer recorded or waited on.
+        unsafe {
+            let _ = drv::event::destroy(start);
+            let _ = drv::event::destroy(end);
+        }
     }
-    outcome?;
-    best.map(|(_, a)| a).ok_or_else(|| "no candidate algorithm ran".into())
+    best?.map(|(_, a)| a).ok_or_else(|| "no candidate algorithm ran".into())
+}
+
+/// A page-locked host word that holds a stream (`cuStreamWaitValue32`) until it is dropped, for
+/// [`tune`]. Dropping it releases the stream, waits for the stream to pass the hold and frees the
+/// word.
+struct Gate {
+    word: *mut u32,
+    stream: dsys::CUstream,
+}
+
+impl Gate {
+    /// Holds `stream` from here on. Call on CubeCL's device thread with its context current.
+    fn hold(stream: dsys::CUstream) -> Result<Self, String> {
+        let mut ptr = std::ptr::null_mut();
+        // SAFETY: `ptr` receives a fresh mapped allocation of 4 bytes.
+        let alloc = unsafe { dsys::cuMemHostAlloc(&mut ptr, 4, dsys::CU_MEMHOSTALLOC_DEVICEMAP) };
+        if alloc != dsys::CUresult::CUDA_SUCCESS {
+            return Err(format!("cuMemHostAlloc: {alloc:?}"));
+        }
+        let word = ptr as *mut u32;
+        // SAFETY: 4 bytes allocated above, not yet seen by the device.
+        unsafe { word.write_volatile(0) };
+        let mut device = 0;
+        // SAFETY: `ptr` is a mapped host allocation; `stream` is live.
+        let held = unsafe {
+            let mapped = dsys::cuMemHostGetDevicePointer_v2(&mut device, ptr, 0);
+            if mapped == dsys::CUresult::CUDA_SUCCESS {
+                dsys::cuStreamWaitValue32_v2(stream, device, 1, dsys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32)
+            } else {
+                mapped
+            }
+        };
+        if held != dsys::CUresult::CUDA_SUCCESS {
+            // SAFETY: allocated above; the stream never waited on it.
+            unsafe { dsys::cuMemFreeHost(ptr) };
+            return Err(format!("cuStreamWaitValue32: {held:?}"));
+        }
+        Ok(Self { word, stream })
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        // SAFETY: the word is ours until freed below, and the stream is past its wait once
+        // synchronized.
+        unsafe {
+            self.word.write_volatile(1);
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+            let _ = drv::stream::synchronize(self.stream);
+            dsys::cuMemFreeHost(self.word as *mut c_void);
+        }
+    }
 }
 
 /// Whether `stream` is being captured into a CUDA graph.
@@ -536,7 +630,7 @@ fn run<R: CubeRuntime>(engine: &mut Engine, client: &ComputeClient<CudaRuntime>,
         if capturing(lane.stream) {
             return launch(lane, &plan.algo, p_out);
         }
-        let best = tune(lane.stream, &candidates, |algo| launch(lane, algo, p_timed))?;
+        let best = tune(lane.stream, &candidates, key.flops() <= GATED_FLOPS, |algo| launch(lane, algo, p_timed))?;
         chosen = Some(best);
         launch(lane, &best, p_out)
     })?;
