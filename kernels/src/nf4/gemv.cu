@@ -120,7 +120,9 @@ extern "C" __global__ void __launch_bounds__(KILN_THREADS, KILN_MIN_BLOCKS) kiln
     const float* __restrict__ offset, unsigned short* __restrict__ out, const __grid_constant__ Params p) {
     extern __shared__ uint4 kiln_shared_words[];
     __shared__ float partial[KILN_WARPS][4][32];
+#if KILN_NESTED
     __shared__ float book[256];  // the nested code book
+#endif
     const unsigned tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
     const unsigned shared = (unsigned)__cvta_generic_to_shared(kiln_shared_words);
     const unsigned lane_table = shared + lane * 4;
@@ -187,7 +189,7 @@ extern "C" __global__ void __launch_bounds__(KILN_THREADS, KILN_MIN_BLOCKS) kiln
 #if KILN_NESTED
     const Scales scales{absmax, absmax_codes, book, __ldg(offset)};
 #else
-    const Scales scales{absmax, absmax_codes, book, 0.f};
+    const Scales scales{absmax, absmax_codes, nullptr, 0.f};
 #endif
     unsigned s_tile = blockIdx.x, s_group = g_begin;
     float own0 = 0.f, own1 = 0.f;

@@ -98,8 +98,8 @@ pub fn launch_gemv_mma(client: &ComputeClient<CudaRuntime>, kind: FloatKind, row
     let tiles = n.div_ceil(TILE);
     let (warps, unroll, stages) = tiling(k / SPAN);
     let shared = shared_bytes(warps, unroll, stages);
-    // The static part: the warps' partial sums and the nested code book.
-    let fixed = warps * 4 * 32 * 4 + 256 * 4;
+    // The static part: the warps' partial sums and, for nested scales, the code book.
+    let fixed = warps * 4 * 32 * 4 + if nested { 256 * 4 } else { 0 };
     let resident = (WARPS_PER_SM / warps).min(hardware.max_shared_memory_size / (shared + fixed + 1024)).max(1);
     let params = [rows, kind as usize, warps, nested as usize, unroll, stages, resident].map(|p| p as u32);
     let kernel = CudaSourceKernel { entry: "kiln_nf4_gemv_mma", key: (FINGERPRINT, params.to_vec()), cube_dim: CubeDim::new_1d((32 * warps) as u32), shared_bytes: shared, source };
