@@ -10,7 +10,7 @@ Usage on the GPU machine, from the repository root:
     python3 benches/probes/nf4_gemv.py [--sass] [--ablate] [variant.cu ...]   (default: the committed kernel)
 Environment: SHAPES (k x n list, default the issue's four), ROWS (default 1,8). A variant may set
 its launch geometry with header lines `// probe: WARPS=4` (also UNROLL, STAGES, TEAMS, TABLE,
-RESIDENT: cubes an SM), and `// probe: LAYOUT=tiled` hands it the packed weight re-tiled so that
+RESIDENT: cubes an SM; SHARED: its dynamic shared bytes), and `// probe: LAYOUT=tiled` hands it the packed weight re-tiled so that
 each tile's group of four spans (16 rows of 128 bytes) is one contiguous run (for a variant whose
 copies read that layout; the committed kernel's outputs are then wrong). `--ablate` adds the
 committed kernel with one part taken out (`ABLATIONS`: the products, the scale loads, the table
@@ -102,7 +102,7 @@ class Variant:
     def launch(self, rows, n, k, bufs, stream):
         spans = k // 64
         warps, unroll, stages = tiling(spans, self.env)
-        shared = self.table + self.teams * warps * stages * 16 * (32 * unroll + 32)
+        shared = int(self.env["SHARED"]) if "SHARED" in self.env else self.table + self.teams * warps * stages * 16 * (32 * unroll + 32)
         fixed = 2 * self.teams * warps * 4 * 32 * 4
         resident = int(self.env.get("RESIDENT", max(1, min(24 // (warps * self.teams), SMEM // (shared + fixed + 1024)))))
         f = self.kernel(rows, warps, unroll, stages, resident)
