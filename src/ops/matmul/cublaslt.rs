@@ -651,3 +651,29 @@ pub fn cublaslt_synchronize(index: usize) {
         let _ = unsafe { drv::stream::synchronize(engine.ordering.own_stream()) };
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The gate's threshold reads a product's size through [`PlanKey::flops`]: its inner
+    /// dimension is the left operand's columns, or its rows when it is transposed.
+    #[test]
+    fn flops_take_the_inner_dimension_of_either_layout() {
+        let op = |rows, cols| Operand { rows, cols, row_stride: cols, batch_stride: rows * cols };
+        let key = |transpose_lhs, lhs| PlanKey {
+            dtype: DType::BF16,
+            layout: GemmLayout::new(transpose_lhs, false),
+            batch: 2,
+            lhs,
+            rhs: op(5, 7),
+            out: op(3, 7),
+            bias: false,
+            residual: false,
+            alignment: 16,
+        };
+        let expected = 2.0 * 2.0 * 3.0 * 7.0 * 5.0;
+        assert_eq!(key(false, op(3, 5)).flops(), expected);
+        assert_eq!(key(true, op(5, 3)).flops(), expected);
+    }
+}
