@@ -13,6 +13,8 @@ mod fusion;
 pub mod reference;
 #[cfg(feature = "cuda")]
 pub(crate) mod stream_order;
+#[cfg(feature = "cuda")]
+mod tuning;
 
 #[cfg(feature = "cuda")]
 pub use cublaslt::{cublaslt_stream_order, cublaslt_synchronize};
