@@ -21,8 +21,8 @@ use cudarc::cublaslt::{result as lt, sys};
 use cudarc::driver::{result as drv, sys as dsys};
 
 use super::GemmLayout;
-use super::tuning::{GATED_FLOPS, tune};
 use super::stream_order::{Lane, Ordering, StreamOrder};
+use super::tuning::{GATED_FLOPS, tune};
 use crate::backend::cube::empty_like_device;
 
 /// One matrix operand as cuBLASLt sees it: a column-major view of row-major storage.
