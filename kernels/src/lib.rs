@@ -33,7 +33,7 @@ pub mod trit;
 pub use cubecl;
 
 /// A count forced through environment variable `name` for measurements, if set to a number in
-/// `valid`.
-pub(crate) fn measurement_override(name: &str, valid: std::ops::RangeInclusive<usize>) -> Option<usize> {
+/// `valid` (kiln's own switches use it too).
+pub fn measurement_override(name: &str, valid: std::ops::RangeInclusive<usize>) -> Option<usize> {
     std::env::var(name).ok().and_then(|v| v.parse::<usize>().ok()).filter(|n| valid.contains(n))
 }

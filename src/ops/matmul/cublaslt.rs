@@ -290,7 +290,7 @@ unsafe fn set_pref<T>(
 /// Algorithms asked of cuBLASLt's heuristic per plan; the first product times them all.
 /// `KILN_GEMM_CANDIDATES` (1–64) overrides, for measurements.
 fn candidates() -> usize {
-    std::env::var("KILN_GEMM_CANDIDATES").ok().and_then(|v| v.parse().ok()).filter(|n| (1..=64).contains(n)).unwrap_or(8)
+    kiln_kernels::measurement_override("KILN_GEMM_CANDIDATES", 1..=64).unwrap_or(8)
 }
 
 /// Descriptors for `key` and cuBLASLt's heuristic candidates among algorithms that fit the
