@@ -105,6 +105,12 @@ fn parity(device: &CudaDevice, filter: &str) -> bool {
         for case in linear_cross_entropy::parity_cases() {
             report(format!("linear_cross_entropy {case:?} {dtype:?}"), &|| run_check(&case, device, dtype));
         }
+        if dtype == DType::BF16 {
+            // f16 takes the same fused LoRA kernels as bf16, with the other MMA.
+            for case in lora::parity_cases() {
+                report(format!("lora {case:?} F16"), &|| run_check(&case, device, DType::F16));
+            }
+        }
         for shape in [[37, 11008], [3, 1001]] {
             for activation in [GluActivation::Silu, GluActivation::GeluTanh, GluActivation::Relu2] {
                 let case = GluCase { shape, activation, seed: 4 };
@@ -679,6 +685,9 @@ fn main() {
     }
     if mode == "dora-bench" || mode == "bench" || mode == "all" {
         dora::bench_steps(&device);
+    }
+    if mode == "lora-dy-parity" || mode == "all" {
+        ok &= lora::dy_parity(&device);
     }
     if mode == "lora-trace" {
         lora::step_trace(&device, std::env::args().nth(2).and_then(|a| a.parse().ok()).unwrap_or(100));

@@ -26,6 +26,10 @@ pub fn parity_cases() -> Vec<LoraCase> {
         case(1, 512, 4096, 1024, 64, 0.0, 3),
         case(3, 17, 520, 96, 1, 0.25, 4),
         case(1, 2048, 1024, 1024, 16, 0.05, 5),
+        // On CUDA in f16/bf16 these take the fused `dy` products: tokens and features off the
+        // kernel's tiles, ranks 32 and 24 (an odd number of 8-column MMA tiles).
+        case(1, 300, 512, 1000, 32, 0.0, 6),
+        case(2, 129, 256, 4104, 24, 0.1, 7),
     ]
 }
 
@@ -108,4 +112,57 @@ pub fn step_trace(device: &CudaDevice, rounds: usize) {
         }
         println!("bench lora trace {name} t{TOKENS} 4096 -> 4096: {:.3} ms a synchronized step over {rounds}", start.elapsed().as_secs_f64() * 1e3 / rounds as f64);
     }
+}
+
+/// The backward's `dy` products (`dh = s·dy·B`, `dB = s·dyᵀ·h`; fused on CUDA in f16/bf16) on
+/// `Cuda` against f64 on the host, next to the same-precision path of a GEMM (f32 sums of the
+/// rounded inputs, rounded once), under the error rule. Seconds, where the op's autodiff parity
+/// compiles Burn's reference kernels for minutes on a fresh machine. Cases: one token, tokens and
+/// features off the kernel's tiles, ranks 8 / 16 / 24 / 32, and a full 4096² product.
+pub fn dy_parity(device: &CudaDevice) -> bool {
+    use burn::tensor::{TensorPrimitive, bf16, f16};
+    use kiln::ops::lora::LoraBackend;
+    use super::common::{compare, poison, random, tensor, values};
+
+    let round = |v: f32, dtype: DType| if dtype == DType::F16 { f16::from_f32(v).to_f64() } else { bf16::from_f32(v).to_f64() };
+    let mut ok = true;
+    for dtype in [DType::BF16, DType::F16] {
+        for (tokens, out, r, seed) in [(1, 4096, 16, 1), (300, 1000, 32, 2), (258, 4104, 24, 3), (517, 96, 8, 4), (4096, 4096, 16, 5)] {
+            poison::<B>(device, 3 * tokens * out, dtype);
+            let scale = 2.0f32;
+            let [dy, h, b] = [[tokens, out], [tokens, r], [out, r]].map(|shape| tensor::<B, 2>(&random(&shape, seed * 7 + shape[1] as u64), dtype, device));
+            let [dy_h, h_h, b_h] = [&dy, &h, &b].map(|t| values(t.clone()));
+            let prim = |t: Tensor<B, 2>| t.into_primitive().tensor();
+            let (dh, db) = B::lora_dy_products(prim(dy), prim(h), prim(b), scale);
+            let kernel = [dh, db].map(|t| values(Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(t))));
+            // `(i, j)` of `dh` sums `dy[i, k] · B[k, j]` over `k < out`; of `dB`, `dy[k, i] · h[k, j]` over `k < tokens`.
+            let products = |rows: usize, depth: usize, left: &dyn Fn(usize, usize) -> f64, right: &dyn Fn(usize, usize) -> f64| {
+                let (mut exact, mut same) = (vec![0.0; rows * r], vec![0.0; rows * r]);
+                for i in 0..rows {
+                    for j in 0..r {
+                        let (mut e, mut s) = (0.0f64, 0.0f32);
+                        for k in 0..depth {
+                            let (a, b) = (left(i, k), right(k, j));
+                            e += a * b;
+                            s += a as f32 * b as f32;
+                        }
+                        exact[i * r + j] = scale as f64 * e;
+                        same[i * r + j] = round(scale * s, dtype);
+                    }
+                }
+                (exact, same)
+            };
+            let dh_ref = products(tokens, out, &|i, k| dy_h[i * out + k], &|k, j| b_h[k * r + j]);
+            let db_ref = products(out, tokens, &|i, k| dy_h[k * out + i], &|k, j| h_h[k * r + j]);
+            for ((name, (exact, same)), got) in [("dh", dh_ref), ("db", db_ref)].into_iter().zip(&kernel) {
+                let c = compare(name, got, &same, &exact, dtype, 1.0);
+                println!(
+                    "parity lora-dy t{tokens} out{out} r{r} {dtype:?} {name} kernel_err {:.3e} ref_err {:.3e} bound {:.3e} {}",
+                    c.kernel_err, c.reference_err, c.bound, if c.passed() { "ok" } else { "FAIL" }
+                );
+                ok &= c.passed();
+            }
+        }
+    }
+    ok
 }

@@ -1,12 +1,14 @@
 //! LoRA on CubeCL backends: the products through the backend's GEMM (the trait's defaults), the
-//! dropout as one elementwise kernel.
+//! dropout as one elementwise kernel, and on CUDA the backward's pair of products that read `dy`
+//! as one kernel (`kiln_kernels::lora::dy`).
 
 use burn::tensor::{TensorMetadata, ops::FloatTensor};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use kiln_kernels::{lora::launch_dropout, row::vector_size_for};
 
-use super::{DropoutMask, LoraBackend};
+use super::{DropoutMask, LoraBackend, products};
 use crate::backend::cube::{dense, empty_like_device, storage};
+use crate::ops::matmul::MatmulBackend;
 
 impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> LoraBackend for CubeBackend<R, F, I, BT> {
     fn lora_dropout(x: FloatTensor<Self>, mask: DropoutMask) -> FloatTensor<Self> {
@@ -17,5 +19,64 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> LoraBacken
         let out = empty_like_device(&x, x.shape(), x.dtype);
         launch_dropout(&x.client.clone(), storage(&x), len, vector_size, mask, x.into_array_arg(), out.clone().into_array_arg());
         out
+    }
+
+    fn lora_dy_products(dy: FloatTensor<Self>, h: FloatTensor<Self>, b: FloatTensor<Self>, scale: f32) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        #[cfg(feature = "cuda")]
+        if let Some(fused) = fused::takes(&dy, &h, &b) {
+            return fused::dy_products(fused, dy, h, b, scale);
+        }
+        products::dy_products::<Self>(|l, r, residual, v| Self::gemm(l, r, None, residual, v), dy, h, b, scale)
+    }
+}
+
+/// The fused pair on CUDA's tensor cores.
+#[cfg(feature = "cuda")]
+mod fused {
+    use burn::tensor::{DType, TensorMetadata};
+    use burn_cubecl::{CubeRuntime, tensor::CubeTensor};
+    use kiln_kernels::cuda_source::FloatKind;
+    use kiln_kernels::lora::dy::{DyArgs, DyPlan, enabled, launch_dy_products};
+
+    use crate::backend::cube::cuda::{self, binding};
+    use crate::backend::cube::{dense, empty_like_device};
+
+    /// The element kind and the plan, if the kernel takes the pair: f16 or bf16 on a CUDA device
+    /// of compute capability 8.0 or up, sizes [`DyPlan::new`] takes, and the kernel [`enabled`].
+    pub(super) fn takes<R: CubeRuntime>(dy: &CubeTensor<R>, h: &CubeTensor<R>, b: &CubeTensor<R>) -> Option<(FloatKind, DyPlan)> {
+        let kind = match dy.dtype {
+            DType::F16 => FloatKind::F16,
+            DType::BF16 => FloatKind::Bf16,
+            _ => return None,
+        };
+        if !enabled() || h.dtype != dy.dtype || b.dtype != dy.dtype || !cuda::capable(dy, (8, 0)) {
+            return None;
+        }
+        let hardware = &cuda::client(dy)?.properties().hardware;
+        let sms = hardware.num_streaming_multiprocessors.unwrap_or(1) as usize;
+        let (tokens, r, out) = (h.shape()[0], h.shape()[1], b.shape()[0]);
+        DyPlan::new(kind, tokens, out, r, sms, hardware.max_shared_memory_size).map(|plan| (kind, plan))
+    }
+
+    /// A dense buffer the kernel may read in 16-byte pieces: fresh buffers are aligned; a view
+    /// into one at another offset is copied.
+    fn aligned<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
+        let t = dense(t);
+        if t.handle.offset_start.unwrap_or(0).is_multiple_of(16) { t } else { t.copy() }
+    }
+
+    /// `(s · dy · B, s · dyᵀ · h)` by the fused kernel (`takes` said yes).
+    pub(super) fn dy_products<R: CubeRuntime>((kind, plan): (FloatKind, DyPlan), dy: CubeTensor<R>, h: CubeTensor<R>, b: CubeTensor<R>, scale: f32) -> (CubeTensor<R>, CubeTensor<R>) {
+        let (dy, h, b) = (aligned(dy), aligned(h), aligned(b));
+        let client = cuda::client(&dy).expect("`takes` checked the runtime");
+        let (tokens, r, out) = (h.shape()[0], h.shape()[1], b.shape()[0]);
+        let (dh_partials, db_partials) = plan.partials(tokens, out, r);
+        let part_dh = empty_like_device(&dy, [dh_partials], DType::F32);
+        let part_db = empty_like_device(&dy, [db_partials], DType::F32);
+        let dh = empty_like_device(&dy, [tokens, r], dy.dtype);
+        let db = empty_like_device(&dy, [out, r], dy.dtype);
+        let args = DyArgs { dy: binding(&dy), b: binding(&b), h: binding(&h), part_dh: binding(&part_dh), part_db: binding(&part_db), dh: binding(&dh), db: binding(&db) };
+        launch_dy_products(client, kind, plan, tokens, out, r, scale, args);
+        (dh, db)
     }
 }

@@ -6,7 +6,8 @@
 //! the `[tokens, r]` intermediate `h = dropout(x) · Aᵀ` once and adds `s · h · Bᵀ` to the base
 //! output in the second product's epilogue (alpha = `s`, the base as C). The backward keeps `h`
 //! from the forward, takes the rank-r products first (`dh = s · dy · B`, `dB = s · dyᵀ · h`, then
-//! `dA = dhᵀ · dropout(x)` and `dx = dropout(dh · A)`): never a `[out, in]` product. The dropout
+//! `dA = dhᵀ · dropout(x)` and `dx = dropout(dh · A)`): never a `[out, in]` product. On CUDA the
+//! first two are one kernel that reads `dy` once (`kiln_kernels::lora::dy`). The dropout
 //! mask is a hash of the element index and a seed (`kiln_kernels::lora`), rebuilt in the backward
 //! instead of stored.
 
@@ -63,6 +64,12 @@ pub trait LoraBackend: MatmulBackend + DoraBackend {
         spec: LoraSpec,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         products::forward(&products::Kernels::<Self>::backend(), x, base, a, b, spec)
+    }
+
+    /// `(dh, dB) = (s · dy · B, s · dyᵀ · h)`, the backward's two products that read `dy`
+    /// (`[.., out]`; `h` is `[rows, r]`, `b` `[out, r]`, `dh` `[rows, r]`, `dB` `[out, r]`).
+    fn lora_dy_products(dy: FloatTensor<Self>, h: FloatTensor<Self>, b: FloatTensor<Self>, scale: f32) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        products::dy_products::<Self>(|l, r, residual, v| Self::gemm(l, r, None, residual, v), dy, h, b, scale)
     }
 
     /// The gradients of `x`, `A` and `B` from the forward's `x` and `h` and the output gradient.

@@ -6,26 +6,33 @@ use burn::tensor::{Shape, TensorMetadata, backend::Backend, ops::FloatTensor};
 use super::{DropoutMask, LoraBackend, LoraGrads, LoraSpec};
 use crate::ops::matmul::{GemmLayout, GemmViews};
 
-type Gemm<B> = fn(FloatTensor<B>, FloatTensor<B>, Option<FloatTensor<B>>, GemmViews) -> FloatTensor<B>;
+pub(super) type Gemm<B> = fn(FloatTensor<B>, FloatTensor<B>, Option<FloatTensor<B>>, GemmViews) -> FloatTensor<B>;
 type Dropout<B> = fn(FloatTensor<B>, DropoutMask) -> FloatTensor<B>;
+type DyProducts<B> = fn(FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, f32) -> (FloatTensor<B>, FloatTensor<B>);
 
-/// The two primitives the update is made of: a product (with an optional residual) and the dropout.
+/// The primitives the update is made of: a product (with an optional residual), the dropout, and
+/// the backward's pair of products that read `dy` ([`LoraBackend::lora_dy_products`]).
 pub(super) struct Kernels<B: Backend> {
     gemm: Gemm<B>,
     dropout: Dropout<B>,
+    dy_products: DyProducts<B>,
 }
 
 impl<B: LoraBackend> Kernels<B> {
     /// The backend's products and dropout.
     pub(super) fn backend() -> Self {
-        Self { gemm: |l, r, residual, v| B::gemm(l, r, None, residual, v), dropout: B::lora_dropout }
+        Self { gemm: |l, r, residual, v| B::gemm(l, r, None, residual, v), dropout: B::lora_dropout, dy_products: B::lora_dy_products }
     }
 }
 
 impl<B: Backend> Kernels<B> {
     /// Burn's matmul and the host-built mask.
     pub(super) fn reference() -> Self {
-        Self { gemm: |l, r, residual, v| crate::ops::matmul::reference::gemm::<B>(l, r, None, residual, &v), dropout: super::reference::dropout::<B> }
+        Self {
+            gemm: |l, r, residual, v| crate::ops::matmul::reference::gemm::<B>(l, r, None, residual, &v),
+            dropout: super::reference::dropout::<B>,
+            dy_products: |dy, h, b, scale| dy_products::<B>(|l, r, residual, v| crate::ops::matmul::reference::gemm::<B>(l, r, None, residual, &v), dy, h, b, scale),
+        }
     }
 
     fn dropout(&self, x: FloatTensor<B>, spec: &LoraSpec) -> FloatTensor<B> {
@@ -64,8 +71,18 @@ pub(super) fn forward<B: Backend>(
     (y, h)
 }
 
+/// `(dh, dB) = (s · dy · B, s · dyᵀ · h)` as two products of `gemm`: `dy` is `[.., out]`, `h`
+/// `[rows, r]`, `b` `[out, r]`; `dh` is `[rows, r]`.
+pub(super) fn dy_products<B: Backend>(gemm: Gemm<B>, dy: FloatTensor<B>, h: FloatTensor<B>, b: FloatTensor<B>, scale: f32) -> (FloatTensor<B>, FloatTensor<B>) {
+    let (h_shape, d_out) = (h.shape(), b.shape()[0]);
+    let (rows, r) = (h_shape[0], h_shape[1]);
+    let dh = gemm(dy.clone(), b, None, views([1, rows, d_out], [1, d_out, r], Shape::new([rows, r]), false, false).scaled(scale));
+    let db = gemm(dy, h, None, views([1, rows, d_out], [1, rows, r], Shape::new([d_out, r]), true, false).scaled(scale));
+    (dh, db)
+}
+
 /// `dx = dropout(s · dy · B · A)`, `dA = (s · dy · B)ᵀ · dropout(x)`, `dB = s · dyᵀ · h`, the
-/// rank-r product `dh = s · dy · B` first. `dA` is taken as `(dropout(x)ᵀ · dh)ᵀ`, a product of
+/// rank-r products `dh = s · dy · B` and `dB` first (one pass over `dy` where the backend fuses them). `dA` is taken as `(dropout(x)ᵀ · dh)ᵀ`, a product of
 /// `in` rows: with `r` rows it went to the skinny kernel (after a copy of `dhᵀ`), at half
 /// cuBLASLt's speed over the tokens (31.7 against ~15.6 µs at 4096 × 4096, rank 16, H100; 28th
 /// session, call C).
@@ -78,10 +95,9 @@ pub(super) fn backward<B: Backend>(
     dy: FloatTensor<B>,
     spec: LoraSpec,
 ) -> LoraGrads<FloatTensor<B>> {
-    let [rows, d_in, r, d_out] = dims::<B>(&x, &a, &b);
+    let [rows, d_in, r, _] = dims::<B>(&x, &a, &b);
     let x_shape = x.shape();
-    let dh = (k.gemm)(dy.clone(), b, None, views([1, rows, d_out], [1, d_out, r], Shape::new([rows, r]), false, false).scaled(spec.scale));
-    let db = (k.gemm)(dy, h, None, views([1, rows, d_out], [1, rows, r], Shape::new([d_out, r]), true, false).scaled(spec.scale));
+    let (dh, db) = (k.dy_products)(dy, h, b, spec.scale);
     let da_t = (k.gemm)(k.dropout(x, &spec), dh.clone(), None, views([1, rows, d_in], [1, rows, r], Shape::new([d_in, r]), true, false));
     let da = B::float_transpose(da_t);
     let dx = (k.gemm)(dh, a, None, views([1, rows, r], [1, r, d_in], x_shape, false, false));

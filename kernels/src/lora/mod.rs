@@ -2,6 +2,11 @@
 //! kept when `mix32(i ^ key) ≥ threshold` and then scaled by `1 / (1 − p)`, so the backward rebuilds
 //! the same mask from the seed instead of keeping a mask tensor between the passes. The hash is
 //! also computed on the host ([`keeps`]) for the reference, so every path drops the same elements.
+//!
+//! On CUDA, [`dy`] fuses the backward's two products that read the output gradient.
+
+#[cfg(feature = "cuda")]
+pub mod dy;
 
 use crate::row::elementwise_geometry;
 use cubecl::prelude::*;
