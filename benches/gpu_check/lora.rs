@@ -27,9 +27,9 @@ pub fn parity_cases() -> Vec<LoraCase> {
         case(3, 17, 520, 96, 1, 0.25, 4),
         case(1, 2048, 1024, 1024, 16, 0.05, 5),
         // On CUDA in f16/bf16 these take the fused `dy` products: tokens and features off the
-        // kernel's tiles, ranks 32 and 24 (an odd number of 8-column MMA tiles).
-        case(1, 300, 512, 1000, 32, 0.0, 6),
-        case(2, 129, 256, 4104, 24, 0.1, 7),
+        // kernel's tiles, ranks 16 and 8 (an odd number of 8-column MMA tiles).
+        case(1, 300, 512, 1000, 16, 0.0, 6),
+        case(2, 129, 256, 4104, 8, 0.1, 7),
     ]
 }
 
@@ -118,7 +118,8 @@ pub fn step_trace(device: &CudaDevice, rounds: usize) {
 /// `Cuda` against f64 on the host, next to the same-precision path of a GEMM (f32 sums of the
 /// rounded inputs, rounded once), under the error rule. Seconds, where the op's autodiff parity
 /// compiles Burn's reference kernels for minutes on a fresh machine. Cases: one token, tokens and
-/// features off the kernel's tiles, ranks 8 / 16 / 24 / 32, and a full 4096² product.
+/// features off the kernel's tiles, ranks 8 and 16, a full 4096² product, and rank 32 (past
+/// `MAX_RANK`: the GEMM pair).
 pub fn dy_parity(device: &CudaDevice) -> bool {
     use burn::tensor::{TensorPrimitive, bf16, f16};
     use kiln::ops::lora::LoraBackend;
@@ -127,7 +128,7 @@ pub fn dy_parity(device: &CudaDevice) -> bool {
     let round = |v: f32, dtype: DType| if dtype == DType::F16 { f16::from_f32(v).to_f64() } else { bf16::from_f32(v).to_f64() };
     let mut ok = true;
     for dtype in [DType::BF16, DType::F16] {
-        for (tokens, out, r, seed) in [(1, 4096, 16, 1), (300, 1000, 32, 2), (258, 4104, 24, 3), (517, 96, 8, 4), (4096, 4096, 16, 5)] {
+        for (tokens, out, r, seed) in [(1, 4096, 16, 1), (300, 1000, 16, 2), (258, 4104, 8, 3), (517, 96, 8, 4), (4096, 4096, 16, 5), (300, 1000, 32, 6)] {
             poison::<B>(device, 3 * tokens * out, dtype);
             let scale = 2.0f32;
             let [dy, h, b] = [[tokens, out], [tokens, r], [out, r]].map(|shape| tensor::<B, 2>(&random(&shape, seed * 7 + shape[1] as u64), dtype, device));

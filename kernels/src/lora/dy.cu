@@ -71,20 +71,19 @@ __device__ __forceinline__ void ldsm2_trans(u32& r0, u32& r1, u32 address) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(address));
 }
 
-// B fragments of every n-tile for the 16 rows `k0 …` of a `[k][r]` tile (rows KILN_R_PITCH
-// elements apart, at shared address `tile`): `ldmatrix.trans` gives lane (g, t) rows 2t, 2t + 1
-// (+ 8) of column g. Matrix q of an x4 is rows k0 + 8 (q % 2), n-tile j + q / 2.
-__device__ __forceinline__ void b_fragments(u32 (&b)[KILN_NJ][2], u32 tile, u32 k0, u32 lane) {
+// B fragments of N n-tiles for the 16 rows `k0 …` of a `[k][n]` tile (rows PITCH elements
+// apart, at shared address `tile`): `ldmatrix.trans` gives lane (g, t) rows 2t, 2t + 1 (+ 8) of
+// column g. Matrix q of an x4 is rows k0 + 8 (q % 2), n-tile j + q / 2.
+template <int N, int PITCH>
+__device__ __forceinline__ void b_fragments(u32 (&b)[N][2], u32 tile, u32 k0, u32 lane) {
     const u32 q = lane / 8, row = k0 + lane % 8 + 8 * (q % 2);
 #pragma unroll
-    for (int j = 0; j + 1 < KILN_NJ; j += 2) {
+    for (int j = 0; j + 1 < N; j += 2) {
         u32 r[4];
-        ldsm4_trans(r, tile + (row * KILN_R_PITCH + 8 * (j + q / 2)) * 2);
+        ldsm4_trans(r, tile + (row * PITCH + 8 * (j + q / 2)) * 2);
         b[j][0] = r[0], b[j][1] = r[1], b[j + 1][0] = r[2], b[j + 1][1] = r[3];
     }
-#if KILN_NJ % 2
-    ldsm2_trans(b[KILN_NJ - 1][0], b[KILN_NJ - 1][1], tile + (row * KILN_R_PITCH + 8 * (KILN_NJ - 1)) * 2);
-#endif
+    if (N % 2) ldsm2_trans(b[N - 1][0], b[N - 1][1], tile + (row * PITCH + 8 * (N - 1)) * 2);
 }
 
 struct Params {
@@ -140,7 +139,7 @@ extern "C" __global__ void __launch_bounds__(KILN_THREADS) kiln_lora_dy(
     __syncthreads();
     u32 hf[KILN_DB_STEPS][KILN_NJ][2];
 #pragma unroll
-    for (int ks = 0; ks < KILN_DB_STEPS; ++ks) b_fragments(hf[ks], h_tile, half + 16 * ks, lane);
+    for (int ks = 0; ks < KILN_DB_STEPS; ++ks) b_fragments<KILN_NJ, KILN_R_PITCH>(hf[ks], h_tile, half + 16 * ks, lane);
 #endif
     for (u32 i = 0; i < steps; ++i) {
         copy_wait<KILN_STAGES - 2>();
@@ -153,7 +152,7 @@ extern "C" __global__ void __launch_bounds__(KILN_THREADS) kiln_lora_dy(
 #pragma unroll
         for (u32 k0 = 0; k0 < KILN_CHUNK; k0 += 16) {
             u32 bf[KILN_NJ][2];
-            b_fragments(bf, slot + KILN_DY_BYTES, k0, lane);
+            b_fragments<KILN_NJ, KILN_R_PITCH>(bf, slot + KILN_DY_BYTES, k0, lane);
 #pragma unroll
             for (int m = 0; m < 2; ++m) {
                 u32 a[4];
@@ -171,7 +170,7 @@ extern "C" __global__ void __launch_bounds__(KILN_THREADS) kiln_lora_dy(
             const u32 (&bf)[KILN_NJ][2] = hf[ks];
 #else
             u32 bf[KILN_NJ][2];
-            b_fragments(bf, h_tile, half + 16 * ks, lane);
+            b_fragments<KILN_NJ, KILN_R_PITCH>(bf, h_tile, half + 16 * ks, lane);
 #endif
             u32 a[4];
             const u32 q = lane / 8;

@@ -1,7 +1,7 @@
 //! LoRA's backward products that read the output gradient, `dh = s · dy · B` and `dB = s · dyᵀ ·
 //! h`, in one pass over `dy` on CUDA's tensor cores (`dy.cu`), then one launch that adds the
 //! cubes' f32 partial sums and rounds them. As two GEMMs each read all of `dy`; at rank 16 the
-//! fused pair took 15.6 µs against torch's 26.8 for the two cuBLAS products at 4096 tokens,
+//! fused pair took 15.7 µs against torch's 26.4 for the two cuBLAS products at 4096 tokens,
 //! 4096 → 4096 (H200, `benches/RESULTS.md`, forty-ninth session). Launched through CubeCL's CUDA
 //! runtime ([`crate::cuda_source`]).
 
@@ -20,9 +20,11 @@ const CHUNK: usize = 64;
 const THREADS: u32 = 256;
 /// Slots of a cube's ring of `dy` chunks: three and two measured alike (probe, forty-ninth session).
 const STAGES: usize = 3;
-/// The largest rank the kernel takes: at rank 64 its products on `mma.sync` bound it, and it ran
-/// at 0.67× torch's two cuBLAS products (26.5 against 22.9 µs; forty-ninth session).
-pub const MAX_RANK: usize = 32;
+/// The largest rank the fused pair takes. Its products on `mma.sync` grow with the rank while the
+/// GEMMs' time does not: at 4096 tokens, 4096 → 4096 (H200, forty-ninth session) it ran at 1.95× /
+/// 1.68× torch's two cuBLAS products at ranks 8 / 16, 0.93× at 32 and 0.67× at 64. The kernel
+/// itself takes any multiple of 8 up to 64 (`dy.cu`; parity at 24 and 32 in that session).
+pub const MAX_RANK: usize = 16;
 
 /// Whether the fused products may run: `KILN_LORA_FUSED=0` leaves them to two GEMMs (to measure
 /// one against the other).
@@ -69,7 +71,8 @@ impl DyPlan {
         let tiles = tokens.div_ceil(TOKENS);
         let chunks = out.div_ceil(CHUNK);
         let resident = (max_shared / (shared + 1024)).max(1);
-        let wanted = (sms * resident).div_ceil(tiles).clamp(1, chunks);
+        // Rounded down: one more split a tile would start a second wave on a few SMs.
+        let wanted = (sms * resident / tiles).clamp(1, chunks);
         let per_split = chunks.div_ceil(wanted);
         // Every split gets at least one chunk (its slice of the `dh` partials is then written).
         let splits = chunks.div_ceil(per_split);
@@ -125,10 +128,13 @@ mod tests {
     fn plan_fills_the_device_and_gives_every_split_a_chunk() {
         let plan = DyPlan::new(FloatKind::Bf16, 4096, 4096, 16, 132, 232_448).unwrap();
         assert_eq!((plan.tiles, plan.splits, plan.per_split), (16, 8, 8));
-        let plan = DyPlan::new(FloatKind::Bf16, 1000, 4104, 24, 132, 232_448).unwrap();
+        // 172 chunks over 16 tiles: 8 splits (9 would start a second wave on 12 SMs).
+        let plan = DyPlan::new(FloatKind::Bf16, 4096, 11008, 16, 132, 232_448).unwrap();
+        assert_eq!((plan.tiles, plan.splits, plan.per_split), (16, 8, 22));
+        let plan = DyPlan::new(FloatKind::Bf16, 1000, 4104, 8, 132, 232_448).unwrap();
         assert_eq!(plan.tiles, 4);
         assert!((plan.splits - 1) * plan.per_split < plan.chunks && plan.splits * plan.per_split >= plan.chunks);
-        assert_eq!(plan.partials(1000, 4104, 24), (plan.splits * 24_000, 4 * 4104 * 24));
+        assert_eq!(plan.partials(1000, 4104, 8), (plan.splits * 8000, 4 * 4104 * 8));
     }
 
     #[test]
@@ -138,7 +144,7 @@ mod tests {
         assert!(!ok(FloatKind::F32, 4096, 4096, 16, 232_448));
         assert!(!ok(FloatKind::Bf16, 4096, 4100, 16, 232_448));
         assert!(!ok(FloatKind::Bf16, 4096, 4096, 12, 232_448));
-        assert!(!ok(FloatKind::Bf16, 4096, 4096, 64, 232_448));
+        assert!(!ok(FloatKind::Bf16, 4096, 4096, 32, 232_448));
         assert!(!ok(FloatKind::Bf16, 4096, 4096, 16, 101_376));
     }
 }
