@@ -25,7 +25,8 @@
 //
 // Layouts: `dy` `[tokens, out]`, `B` `[out, r]`, `h` `[tokens, r]`, dense row-major, 16-byte
 // aligned, `out` and `r` multiples of 8. Defines: KILN_KIND (1 f16, 2 bf16; KILN_OUT_KIND the
-// same), KILN_NJ (r / 8, 1 … 8), KILN_STAGES (≥ 2). kiln places `hopper/common.cuh` and
+// same), KILN_NJ (r / 8, 1 … 8), KILN_STAGES (≥ 2), optionally KILN_H_HELD (0: reload `h`'s
+// fragments every chunk, for measurements). kiln places `hopper/common.cuh` and
 // `cuda_out.cuh` before this source.
 
 #define KILN_TOKENS 256

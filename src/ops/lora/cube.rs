@@ -8,7 +8,6 @@ use kiln_kernels::{lora::launch_dropout, row::vector_size_for};
 
 use super::{DropoutMask, LoraBackend, products};
 use crate::backend::cube::{dense, empty_like_device, storage};
-use crate::ops::matmul::MatmulBackend;
 
 impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> LoraBackend for CubeBackend<R, F, I, BT> {
     fn lora_dropout(x: FloatTensor<Self>, mask: DropoutMask) -> FloatTensor<Self> {
@@ -26,7 +25,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> LoraBacken
         if let Some(fused) = fused::takes(&dy, &h, &b) {
             return fused::dy_products(fused, dy, h, b, scale);
         }
-        products::dy_products::<Self>(|l, r, residual, v| Self::gemm(l, r, None, residual, v), dy, h, b, scale)
+        products::dy_products::<Self>(products::backend_gemm::<Self>, dy, h, b, scale)
     }
 }
 

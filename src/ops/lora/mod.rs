@@ -69,7 +69,7 @@ pub trait LoraBackend: MatmulBackend + DoraBackend {
     /// `(dh, dB) = (s · dy · B, s · dyᵀ · h)`, the backward's two products that read `dy`
     /// (`[.., out]`; `h` is `[rows, r]`, `b` `[out, r]`, `dh` `[rows, r]`, `dB` `[out, r]`).
     fn lora_dy_products(dy: FloatTensor<Self>, h: FloatTensor<Self>, b: FloatTensor<Self>, scale: f32) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        products::dy_products::<Self>(|l, r, residual, v| Self::gemm(l, r, None, residual, v), dy, h, b, scale)
+        products::dy_products::<Self>(products::backend_gemm::<Self>, dy, h, b, scale)
     }
 
     /// The gradients of `x`, `A` and `B` from the forward's `x` and `h` and the output gradient.

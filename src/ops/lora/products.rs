@@ -4,9 +4,9 @@
 use burn::tensor::{Shape, TensorMetadata, backend::Backend, ops::FloatTensor};
 
 use super::{DropoutMask, LoraBackend, LoraGrads, LoraSpec};
-use crate::ops::matmul::{GemmLayout, GemmViews};
+use crate::ops::matmul::{GemmLayout, GemmViews, MatmulBackend};
 
-pub(super) type Gemm<B> = fn(FloatTensor<B>, FloatTensor<B>, Option<FloatTensor<B>>, GemmViews) -> FloatTensor<B>;
+type Gemm<B> = fn(FloatTensor<B>, FloatTensor<B>, Option<FloatTensor<B>>, GemmViews) -> FloatTensor<B>;
 type Dropout<B> = fn(FloatTensor<B>, DropoutMask) -> FloatTensor<B>;
 type DyProducts<B> = fn(FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, f32) -> (FloatTensor<B>, FloatTensor<B>);
 
@@ -18,21 +18,27 @@ pub(super) struct Kernels<B: Backend> {
     dy_products: DyProducts<B>,
 }
 
+/// A product (with an optional residual) through the backend's GEMM.
+pub(super) fn backend_gemm<B: MatmulBackend>(lhs: FloatTensor<B>, rhs: FloatTensor<B>, residual: Option<FloatTensor<B>>, views: GemmViews) -> FloatTensor<B> {
+    B::gemm(lhs, rhs, None, residual, views)
+}
+
+/// A product (with an optional residual) through Burn's matmul.
+fn reference_gemm<B: Backend>(lhs: FloatTensor<B>, rhs: FloatTensor<B>, residual: Option<FloatTensor<B>>, views: GemmViews) -> FloatTensor<B> {
+    crate::ops::matmul::reference::gemm::<B>(lhs, rhs, None, residual, &views)
+}
+
 impl<B: LoraBackend> Kernels<B> {
-    /// The backend's products and dropout.
+    /// The backend's products, dropout and `dy` pair.
     pub(super) fn backend() -> Self {
-        Self { gemm: |l, r, residual, v| B::gemm(l, r, None, residual, v), dropout: B::lora_dropout, dy_products: B::lora_dy_products }
+        Self { gemm: backend_gemm::<B>, dropout: B::lora_dropout, dy_products: B::lora_dy_products }
     }
 }
 
 impl<B: Backend> Kernels<B> {
     /// Burn's matmul and the host-built mask.
     pub(super) fn reference() -> Self {
-        Self {
-            gemm: |l, r, residual, v| crate::ops::matmul::reference::gemm::<B>(l, r, None, residual, &v),
-            dropout: super::reference::dropout::<B>,
-            dy_products: |dy, h, b, scale| dy_products::<B>(|l, r, residual, v| crate::ops::matmul::reference::gemm::<B>(l, r, None, residual, &v), dy, h, b, scale),
-        }
+        Self { gemm: reference_gemm::<B>, dropout: super::reference::dropout::<B>, dy_products: |dy, h, b, scale| dy_products::<B>(reference_gemm::<B>, dy, h, b, scale) }
     }
 
     fn dropout(&self, x: FloatTensor<B>, spec: &LoraSpec) -> FloatTensor<B> {
