@@ -52,8 +52,9 @@ fn shared_bytes(r: usize) -> usize {
 impl DyPlan {
     /// The plan for `tokens × out` at rank `r` on a device of `sms` SMs with `max_shared` bytes of
     /// shared memory a cube, if the kernel takes it: f16/bf16, `r` a multiple of 8 up to
-    /// [`MAX_RANK`], `out` a multiple of 8 (16-byte rows), sizes within 32-bit indices. About one
-    /// cube an SM: a token tile's features are split until the grid fills the device.
+    /// [`MAX_RANK`], `out` a multiple of 8 (16-byte rows), sizes within 32-bit indices and token
+    /// tiles within the grid's second axis (65 535). About one cube an SM: a token tile's
+    /// features are split until the grid fills the device.
     pub fn new(kind: FloatKind, tokens: usize, out: usize, r: usize, sms: usize, max_shared: usize) -> Option<Self> {
         let shared = shared_bytes(r);
         let fits = kind != FloatKind::F32
@@ -64,6 +65,7 @@ impl DyPlan {
             && r <= MAX_RANK
             && out.is_multiple_of(8)
             && tokens.max(out) * r <= u32::MAX as usize
+            && tokens.div_ceil(TOKENS) <= 65_535
             && shared <= max_shared;
         if !fits {
             return None;
@@ -146,5 +148,6 @@ mod tests {
         assert!(!ok(FloatKind::Bf16, 4096, 4096, 12, 232_448));
         assert!(!ok(FloatKind::Bf16, 4096, 4096, 32, 232_448));
         assert!(!ok(FloatKind::Bf16, 4096, 4096, 16, 101_376));
+        assert!(ok(FloatKind::Bf16, 65_535 * 256, 8, 8, 232_448) && !ok(FloatKind::Bf16, 65_535 * 256 + 1, 8, 8, 232_448));
     }
 }
