@@ -105,18 +105,16 @@ fn parity(device: &CudaDevice, filter: &str) -> bool {
         for case in linear_cross_entropy::parity_cases() {
             report(format!("linear_cross_entropy {case:?} {dtype:?}"), &|| run_check(&case, device, dtype));
         }
-        if dtype == DType::BF16 {
-            // f16 takes the same fused LoRA kernels as bf16, with the other MMA.
-            for case in lora::parity_cases() {
-                report(format!("lora {case:?} F16"), &|| run_check(&case, device, DType::F16));
-            }
-        }
         for shape in [[37, 11008], [3, 1001]] {
             for activation in [GluActivation::Silu, GluActivation::GeluTanh, GluActivation::Relu2] {
                 let case = GluCase { shape, activation, seed: 4 };
                 report(format!("glu {shape:?} {activation:?} {dtype:?}"), &|| run_check(&case, device, dtype));
             }
         }
+    }
+    // f16 takes the same fused LoRA kernels as bf16, with the other MMA.
+    for case in lora::parity_cases() {
+        report(format!("lora {case:?} F16"), &|| run_check(&case, device, DType::F16));
     }
     ok
 }

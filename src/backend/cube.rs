@@ -126,6 +126,19 @@ pub(crate) mod cuda {
         t.handle.clone().binding()
     }
 
+    /// The element kind of kiln's CUDA C++ kernels for `dtype`, if it is one of theirs (f32, f16,
+    /// bf16); each kernel's own fit check says which kinds it takes.
+    pub(crate) fn float_kind(dtype: burn::tensor::DType) -> Option<kiln_kernels::cuda_source::FloatKind> {
+        use burn::tensor::DType;
+        use kiln_kernels::cuda_source::FloatKind;
+        match dtype {
+            DType::F32 => Some(FloatKind::F32),
+            DType::F16 => Some(FloatKind::F16),
+            DType::BF16 => Some(FloatKind::Bf16),
+            _ => None,
+        }
+    }
+
     /// Whether `t` lives on a CUDA device of compute capability `minimum` or up.
     pub(crate) fn capable<R: CubeRuntime>(t: &CubeTensor<R>, minimum: (i32, i32)) -> bool {
         device_index(t).and_then(compute_capability).is_some_and(|cc| cc >= minimum)

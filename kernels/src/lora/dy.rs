@@ -36,8 +36,8 @@ pub fn enabled() -> bool {
 /// and along the tokens (`tiles`), and the cube's dynamic shared memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DyPlan {
-    pub splits: usize,
-    pub tiles: usize,
+    splits: usize,
+    tiles: usize,
     per_split: usize,
     chunks: usize,
     shared: usize,

@@ -43,11 +43,7 @@ mod fused {
     /// The element kind and the plan, if the kernel takes the pair: f16 or bf16 on a CUDA device
     /// of compute capability 8.0 or up, sizes [`DyPlan::new`] takes, and the kernel [`enabled`].
     pub(super) fn takes<R: CubeRuntime>(dy: &CubeTensor<R>, h: &CubeTensor<R>, b: &CubeTensor<R>) -> Option<(FloatKind, DyPlan)> {
-        let kind = match dy.dtype {
-            DType::F16 => FloatKind::F16,
-            DType::BF16 => FloatKind::Bf16,
-            _ => return None,
-        };
+        let kind = cuda::float_kind(dy.dtype)?;
         if !enabled() || h.dtype != dy.dtype || b.dtype != dy.dtype || !cuda::capable(dy, (8, 0)) {
             return None;
         }

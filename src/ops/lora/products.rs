@@ -88,8 +88,8 @@ pub(super) fn dy_products<B: Backend>(gemm: Gemm<B>, dy: FloatTensor<B>, h: Floa
 }
 
 /// `dx = dropout(s · dy · B · A)`, `dA = (s · dy · B)ᵀ · dropout(x)`, `dB = s · dyᵀ · h`, the
-/// rank-r products `dh = s · dy · B` and `dB` first (one pass over `dy` where the backend fuses them). `dA` is taken as `(dropout(x)ᵀ · dh)ᵀ`, a product of
-/// `in` rows: with `r` rows it went to the skinny kernel (after a copy of `dhᵀ`), at half
+/// rank-r products `dh = s · dy · B` and `dB` first (one pass over `dy` where the backend fuses
+/// them). `dA` is taken as `(dropout(x)ᵀ · dh)ᵀ`, a product of `in` rows: with `r` rows it went to the skinny kernel (after a copy of `dhᵀ`), at half
 /// cuBLASLt's speed over the tokens (31.7 against ~15.6 µs at 4096 × 4096, rank 16, H100; 28th
 /// session, call C).
 pub(super) fn backward<B: Backend>(

@@ -129,7 +129,7 @@ fn host_floats<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
 /// The tensor-core GEMV for half-precision activations on CUDA (`kiln_kernels::nf4::mma`).
 #[cfg(feature = "cuda")]
 mod mma {
-    use burn::tensor::{DType, TensorMetadata};
+    use burn::tensor::TensorMetadata;
     use burn_cubecl::{CubeRuntime, tensor::CubeTensor};
     use kiln_kernels::cuda_source::FloatKind;
     use kiln_kernels::nf4::mma::{MmaArgs, enabled, launch_gemv_mma, mma_fits};
@@ -143,11 +143,7 @@ mod mma {
     /// the offset or copies into a fresh, aligned buffer), a shape that [`mma_fits`], and the
     /// kernel [`enabled`].
     pub(super) fn takes<R: CubeRuntime>(x: &CubeTensor<R>, l: Layout4) -> Option<FloatKind> {
-        let kind = match x.dtype {
-            DType::F16 => FloatKind::F16,
-            DType::BF16 => FloatKind::Bf16,
-            _ => return None,
-        };
+        let kind = cuda::float_kind(x.dtype)?;
         let aligned = x.handle.offset_start.unwrap_or(0).is_multiple_of(16);
         (enabled() && aligned && mma_fits(kind, x.shape()[0], l.n, l.k, l.block) && cuda::client(x).is_some() && cuda::capable(x, (8, 0))).then_some(kind)
     }

@@ -230,14 +230,14 @@ mod wgmma {
     use burn_cubecl::{CubeRuntime, tensor::CubeTensor};
     use kiln_kernels::ternary::wgmma::{GradArgs, grad_serves, launch_gemm, launch_input_grad, serves};
 
-    use super::dp4a::{float_kind, packed_args};
+    use super::dp4a::packed_args;
     use super::{Norm, Weight, dims, packed_acts};
     use crate::backend::cube::cuda::{self, binding};
     use crate::backend::cube::empty_like_device;
 
     pub(super) fn matmul<R: CubeRuntime>(x: &CubeTensor<R>, weight: &Weight<R>, norm: Option<&Norm<R>>) -> Option<CubeTensor<R>> {
         let client = cuda::client(x)?;
-        let kind = float_kind(x.dtype)?;
+        let kind = cuda::float_kind(x.dtype)?;
         let ([m, k], l) = (dims(x), weight.layout);
         if !serves(m, l.n, k) || cuda::compute_capability(cuda::device_index(x)?)? != (9, 0) {
             return None;
@@ -253,7 +253,7 @@ mod wgmma {
     /// the kernel takes the shape.
     pub(super) fn input_grad<R: CubeRuntime>(dy: &CubeTensor<R>, weight: &Weight<R>) -> Option<CubeTensor<R>> {
         let client = cuda::client(dy)?;
-        let kind = float_kind(dy.dtype)?;
+        let kind = cuda::float_kind(dy.dtype)?;
         let ([m, n], l) = (dims(dy), weight.layout);
         let aligned = dy.handle.offset_start.unwrap_or(0).is_multiple_of(16);
         if !aligned || !grad_serves(kind, m, n, l.k) || cuda::compute_capability(cuda::device_index(dy)?)? != (9, 0) {
@@ -315,7 +315,6 @@ mod int8 {
 
 #[cfg(feature = "cuda")]
 mod dp4a {
-    use burn::tensor::DType;
     use burn_cubecl::{CubeRuntime, tensor::CubeTensor};
     use cubecl::cuda::CudaRuntime;
     use cubecl::prelude::ComputeClient;
@@ -340,21 +339,11 @@ mod dp4a {
         }
     }
 
-    /// The CUDA kernels' element kind for `dtype`, if they take it (f32, f16, bf16).
-    pub(super) fn float_kind(dtype: DType) -> Option<FloatKind> {
-        match dtype {
-            DType::F32 => Some(FloatKind::F32),
-            DType::F16 => Some(FloatKind::F16),
-            DType::BF16 => Some(FloatKind::Bf16),
-            _ => None,
-        }
-    }
-
     /// The CUDA client and the kernels' element kind for `out`, if `x` lives on a CUDA device
     /// with `dp4a` (compute capability 6.1 and up) and `out` is f32, f16 or bf16.
     fn target<'a, R: CubeRuntime>(x: &'a CubeTensor<R>, out: &CubeTensor<R>) -> Option<(&'a ComputeClient<CudaRuntime>, FloatKind)> {
         let client = cuda::client(x)?;
-        let kind = float_kind(out.dtype)?;
+        let kind = cuda::float_kind(out.dtype)?;
         cuda::capable(x, (6, 1)).then_some((client, kind))
     }
 
