@@ -167,3 +167,93 @@ pub fn dy_parity(device: &CudaDevice) -> bool {
     }
     ok
 }
+
+/// `lora_linear` over a frozen base (the update first, added in the base product's epilogue; one
+/// autodiff node) on `Cuda` against f64 on the host, next to the composed path (`lora` over
+/// `linear`'s output, the kernels `parity` checks) under the error rule: `y`, `dx` (with a prior
+/// gradient of `x` from a second consumer deeper in the graph), `dA`, `dB`. Seconds, as
+/// [`dy_parity`]. Cases: bias, dropout, features off the tiles, one token, the fused `dy` pair's
+/// ranks.
+pub fn linear_parity(device: &CudaDevice) -> bool {
+    use super::common::{compare, poison, random, tensor, values};
+    use kiln::ops::lora::{DropoutMask, LoraSpec, lora, lora_linear};
+    use kiln::ops::matmul::linear;
+
+    let mut ok = true;
+    for dtype in [DType::BF16, DType::F16] {
+        for (tokens, d_in, d_out, r, dropout, with_bias, seed) in
+            [(300, 512, 1000, 16, 0.0, true, 1), (129, 256, 4104, 8, 0.1, false, 2), (2048, 1024, 1024, 16, 0.0, false, 3), (1, 4096, 4096, 16, 0.0, true, 4)]
+        {
+            let mask = (dropout > 0.0).then(|| DropoutMask::new(dropout, seed));
+            let spec = LoraSpec { scale: 2.0, dropout: mask };
+            let input = |shape: [usize; 2], salt: u64, std: f64| tensor::<Ad, 2>(&random(&shape, seed * 11 + salt), dtype, device) * std;
+            let (x, dy, side) = (input([tokens, d_in], 1, 1.0), input([tokens, d_out], 2, 1.0), input([tokens, d_in], 3, 1.0));
+            let (w, a, b) = (input([d_in, d_out], 4, (d_in as f64).powf(-0.5)), input([r, d_in], 5, (d_in as f64).powf(-0.5)), input([d_out, r], 6, (r as f64).powf(-0.5)));
+            let bias = with_bias.then(|| input([1, d_out], 7, 1.0).reshape([d_out]));
+            let run = |fused: bool| {
+                poison::<B>(device, 4 * tokens * (d_in + d_out), dtype);
+                let (x, a, b) = (x.clone().require_grad(), a.clone().require_grad(), b.clone().require_grad());
+                let y = match fused {
+                    true => lora_linear(x.clone(), w.clone(), bias.clone(), a.clone(), b.clone(), spec),
+                    false => lora(x.clone(), linear(x.clone(), w.clone(), bias.clone()), a.clone(), b.clone(), spec),
+                };
+                let grads = ((y.clone() * dy.clone()).sum() + ((x.clone() * 0.5) * side.clone()).sum()).backward();
+                [values(y), values(x.grad(&grads).unwrap()), values(a.grad(&grads).unwrap()), values(b.grad(&grads).unwrap())]
+            };
+            let (fused, composed) = (run(true), run(false));
+            let [x_h, dy_h, side_h, w_h, a_h, b_h] = [&x, &dy, &side, &w, &a, &b].map(|t| values(t.clone()));
+            let bias_h = bias.as_ref().map_or_else(|| vec![0.0; d_out], |t| values(t.clone()));
+            let oracle = linear_oracle([tokens, d_in, d_out, r], spec, [&x_h, &dy_h, &side_h, &w_h, &a_h, &b_h, &bias_h]);
+            let depth = tokens.max(d_in).max(d_out) as f64;
+            for (((name, got), reference), exact) in ["y", "dx", "da", "db"].into_iter().zip(&fused).zip(&composed).zip(&oracle) {
+                let c = compare(name, got, reference, exact, dtype, depth);
+                println!(
+                    "parity lora-linear t{tokens} k{d_in} n{d_out} r{r} dropout{dropout} bias={with_bias} {dtype:?} {name} kernel_err {:.3e} ref_err {:.3e} bound {:.3e} {}",
+                    c.kernel_err, c.reference_err, c.bound, if c.passed() { "ok" } else { "FAIL" }
+                );
+                ok &= c.passed();
+            }
+        }
+    }
+    ok
+}
+
+/// `[y, dx, dA, dB]` of `x · W + bias + s · dropout(x) · Aᵀ · Bᵀ` in f64 for the loss
+/// `Σ y ⊙ dy + Σ 0.5 · x ⊙ side`, row-major host values of `[x, dy, side, W, A, B, bias]`.
+fn linear_oracle([tokens, d_in, d_out, r]: [usize; 4], spec: kiln::ops::lora::LoraSpec, [x, dy, side, w, a, b, bias]: [&[f64]; 7]) -> [Vec<f64>; 4] {
+    let s = spec.scale as f64;
+    let keep = |i: usize| spec.dropout.map_or(1.0, |m| if m.keeps(i as u32) { m.scale as f64 } else { 0.0 });
+    let xd: Vec<f64> = x.iter().enumerate().map(|(i, v)| v * keep(i)).collect();
+    let dot = |u: &[f64], v: &[f64]| u.iter().zip(v).map(|(p, q)| p * q).sum::<f64>();
+    let (mut h, mut dh, mut y, mut dx) = (vec![0.0; tokens * r], vec![0.0; tokens * r], bias.repeat(tokens), vec![0.0; tokens * d_in]);
+    let (mut da, mut db) = (vec![0.0; r * d_in], vec![0.0; d_out * r]);
+    for i in 0..tokens {
+        let (x_row, xd_row, dy_row) = (&x[i * d_in..][..d_in], &xd[i * d_in..][..d_in], &dy[i * d_out..][..d_out]);
+        for j in 0..r {
+            h[i * r + j] = dot(xd_row, &a[j * d_in..][..d_in]);
+        }
+        let y_row = &mut y[i * d_out..][..d_out];
+        for (k, xv) in x_row.iter().enumerate() {
+            y_row.iter_mut().zip(&w[k * d_out..][..d_out]).for_each(|(o, wv)| *o += xv * wv);
+        }
+        for (n, o) in y_row.iter_mut().enumerate() {
+            *o += s * dot(&h[i * r..][..r], &b[n * r..][..r]);
+        }
+        for j in 0..r {
+            dh[i * r + j] = s * (0..d_out).map(|n| dy_row[n] * b[n * r + j]).sum::<f64>();
+        }
+        for n in 0..d_out {
+            for j in 0..r {
+                db[n * r + j] += s * dy_row[n] * h[i * r + j];
+            }
+        }
+        for k in 0..d_in {
+            let update: f64 = (0..r).map(|j| dh[i * r + j] * a[j * d_in + k]).sum();
+            dx[i * d_in + k] = dot(dy_row, &w[k * d_out..][..d_out]) + keep(i * d_in + k) * update + 0.5 * side[i * d_in + k];
+        }
+        for j in 0..r {
+            da[j * d_in..][..d_in].iter_mut().zip(xd_row).for_each(|(o, v)| *o += dh[i * r + j] * v);
+        }
+    }
+    [y, dx, da, db]
+}
