@@ -687,9 +687,6 @@ fn main() {
     if mode == "lora-dy-parity" || mode == "all" {
         ok &= lora::dy_parity(&device);
     }
-    if mode == "lora-linear-parity" || mode == "all" {
-        ok &= lora::linear_parity(&device);
-    }
     if mode == "lora-trace" {
         lora::step_trace(&device, std::env::args().nth(2).and_then(|a| a.parse().ok()).unwrap_or(100));
     }

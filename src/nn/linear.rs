@@ -67,12 +67,6 @@ pub trait LinearLayer<B: Backend>: Module<B> + ModuleDisplay {
     /// (dequantized, or with an adapter's update in it): for merging and DoRA's norms, not for
     /// the forward.
     fn dense_weight(&self, dtype: DType) -> Tensor<B, 2>;
-    /// The weight `[d_input, d_output]` and bias of a layer whose forward is the product
-    /// `x · W + b` and nothing else (a float [`Linear`]), for ops that fuse work into that
-    /// product ([`crate::ops::lora::lora_linear`]); `None`, the default, for every other layer.
-    fn product_operands(&self) -> Option<(Tensor<B, 2>, Option<Tensor<B, 1>>)> {
-        None
-    }
 }
 
 impl<B: MatmulBackend> LinearLayer<B> for Linear<B> {
@@ -94,9 +88,5 @@ impl<B: MatmulBackend> LinearLayer<B> for Linear<B> {
 
     fn dense_weight(&self, dtype: DType) -> Tensor<B, 2> {
         self.weight.val().cast(FloatDType::from(dtype))
-    }
-
-    fn product_operands(&self) -> Option<(Tensor<B, 2>, Option<Tensor<B, 1>>)> {
-        Some((self.weight.val(), self.bias()))
     }
 }

@@ -10,7 +10,7 @@ use burn::tensor::{DType, FloatDType, Tensor, backend::Backend};
 use crate::nn::{Linear, LinearLayer};
 use crate::ops::dora::{self, dora, dora_norm};
 use crate::ops::{prim, wrap};
-use crate::ops::lora::{DropoutMask, LoraBackend, LoraSpec, lora, lora_dropout, lora_linear};
+use crate::ops::lora::{DropoutMask, LoraBackend, LoraSpec, lora, lora_dropout};
 
 /// Configuration of a LoRA adapter; PEFT's `LoraConfig` fields and defaults.
 #[derive(Config, Debug)]
@@ -239,14 +239,8 @@ impl<B: LoraBackend, L: LinearLayer<B>> LoraLinear<B, L> {
             return self.dora_forward(x, adapter, m.val(), dropout);
         }
         let spec = LoraSpec { scale: adapter.scale() as f32, dropout };
-        let (a, b) = (adapter.lora_a.val(), adapter.lora_b.val());
-        match self.base.product_operands() {
-            Some((weight, bias)) => lora_linear(x, weight, bias, a, b, spec),
-            None => {
-                let base = self.base.forward(x.clone());
-                lora(x, base, a, b, spec)
-            }
-        }
+        let base = self.base.forward(x.clone());
+        lora(x, base, adapter.lora_a.val(), adapter.lora_b.val(), spec)
     }
 
     /// The weight the forward applies, `[d_input, d_output]` in f32: `W + ΔW`, for DoRA

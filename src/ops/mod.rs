@@ -20,7 +20,7 @@ pub use cross_entropy::cross_entropy;
 pub use dora::{dora, dora_norm};
 pub use flash_attention::{AttentionOptions, flash_attention};
 pub use linear_cross_entropy::linear_cross_entropy;
-pub use lora::{lora, lora_linear};
+pub use lora::lora;
 pub use matmul::{linear, linear_residual, matmul};
 pub use nf4::matmul_4bit;
 pub use rms_norm::{rms_norm, rms_norm_residual};

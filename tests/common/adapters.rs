@@ -40,73 +40,6 @@ impl LoraCase {
     fn mask(&self) -> Option<ops::lora::DropoutMask> {
         (self.dropout > 0.0).then(|| ops::lora::DropoutMask::new(self.dropout, self.seed))
     }
-
-    fn spec(&self) -> ops::lora::LoraSpec {
-        ops::lora::LoraSpec { scale: self.scale, dropout: self.mask() }
-    }
-
-    /// The reference update `s · dropout(x) · Aᵀ · Bᵀ` in plain Burn ops.
-    fn update<B: KilnAutodiffBackend>(&self, x: Tensor<B, 3>, a: Tensor<B, 2>, bw: Tensor<B, 2>) -> Tensor<B, 3> {
-        let dropped = match self.mask() {
-            Some(mask) => dropped(x, mask),
-            None => x,
-        };
-        dropped.matmul(a.transpose().unsqueeze()).matmul(bw.transpose().unsqueeze()) * self.scale
-    }
-}
-
-/// `lora_linear(x, W, bias, A, B)` over a random float base `W` `[d_in, d_out]` against `x · W +
-/// bias` plus the update in plain Burn ops. A second consumer of `x`, deeper in the graph, registers
-/// its gradient first, so the op's backward takes a prior gradient into its products. With
-/// `train_base` the weight and bias need gradients too (the op's composed path).
-#[derive(Debug, Clone, Copy)]
-pub struct LoraLinearCase {
-    pub lora: LoraCase,
-    pub bias: bool,
-    pub train_base: bool,
-}
-
-impl Case for LoraLinearCase {
-    fn run<B: KilnAutodiffBackend>(&self, device: &B::Device, dtype: DType, kernel: bool) -> Outputs {
-        let c = &self.lora;
-        let (b, m, s) = (c.batch, c.m, c.seed);
-        let input = |shape: &[usize], seed| tensor::<B, 2>(&random(shape, seed), dtype, device);
-        let x = tensor::<B, 3>(&random(&[b, m, c.d_in], s), dtype, device).require_grad();
-        let w = input(&[c.d_in, c.d_out], s + 1) / (c.d_in as f64).sqrt();
-        let bias = self.bias.then(|| tensor::<B, 1>(&random(&[c.d_out], s + 5), dtype, device));
-        let (w, bias) = match self.train_base {
-            true => (w.require_grad(), bias.map(|bias| bias.require_grad())),
-            false => (w, bias),
-        };
-        let a = input(&[c.rank, c.d_in], s + 2).require_grad();
-        let bw = input(&[c.d_out, c.rank], s + 3).require_grad();
-        let y = if kernel {
-            ops::lora_linear(x.clone(), w.clone(), bias.clone(), a.clone(), bw.clone(), c.spec())
-        } else {
-            let base = x.clone().matmul(w.clone().unsqueeze());
-            let base = match &bias {
-                Some(bias) => base + bias.clone().unsqueeze(),
-                None => base,
-            };
-            base + c.update(x.clone(), a.clone(), bw.clone())
-        };
-        let side = (x.clone() * 0.5).tanh() * 2.0;
-        let grads = (weighted(y.clone(), s + 4, device) + weighted(side, s + 6, device)).backward();
-        let mut outputs = vec![("y", values(y)), ("dx", grad(&x, &grads)), ("da", grad(&a, &grads)), ("db", grad(&bw, &grads))];
-        if self.train_base {
-            outputs.push(("dw", grad(&w, &grads)));
-            outputs.extend(bias.map(|bias| ("dbias", grad(&bias, &grads))));
-        }
-        outputs
-    }
-
-    fn depth(&self) -> f64 {
-        self.lora.depth()
-    }
-
-    fn footprint(&self) -> usize {
-        self.lora.footprint() + self.lora.d_in * self.lora.d_out
-    }
 }
 
 impl Case for LoraCase {
@@ -117,9 +50,15 @@ impl Case for LoraCase {
         let a = tensor::<B, 2>(&random(&[self.rank, self.d_in], s + 2), dtype, device).require_grad();
         let bw = tensor::<B, 2>(&random(&[self.d_out, self.rank], s + 3), dtype, device).require_grad();
         let y = if kernel {
-            ops::lora(x.clone(), base.clone(), a.clone(), bw.clone(), self.spec())
+            let spec = ops::lora::LoraSpec { scale: self.scale, dropout: self.mask() };
+            ops::lora(x.clone(), base.clone(), a.clone(), bw.clone(), spec)
         } else {
-            base.clone() + self.update(x.clone(), a.clone(), bw.clone())
+            let dropped = match self.mask() {
+                Some(mask) => dropped(x.clone(), mask),
+                None => x.clone(),
+            };
+            let h = dropped.matmul(a.clone().transpose().unsqueeze());
+            base.clone() + h.matmul(bw.clone().transpose().unsqueeze()) * self.scale
         };
         let grads = weighted(y.clone(), s + 4, device).backward();
         vec![

@@ -7,7 +7,6 @@ use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElemen
 use kiln_kernels::{lora::launch_dropout, row::vector_size_for};
 
 use super::{DropoutMask, LoraBackend, products};
-use crate::ops::matmul::MatmulBackend;
 use crate::backend::cube::{dense, empty_like_device, storage};
 
 impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> LoraBackend for CubeBackend<R, F, I, BT> {
@@ -26,7 +25,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> LoraBacken
         if let Some(fused) = fused::takes(&dy, &h, &b) {
             return fused::dy_products(fused, dy, h, b, scale);
         }
-        products::dy_products::<Self>(Self::gemm, dy, h, b, scale)
+        products::dy_products::<Self>(products::backend_gemm::<Self>, dy, h, b, scale)
     }
 }
 

@@ -4,7 +4,7 @@
 use burn::tensor::ops::FloatTensor;
 use burn_fusion::{Fusion, FusionBackend};
 
-use super::{DropoutMask, LoraBackend, LoraGrads, LoraSpec, products};
+use super::{DropoutMask, LoraBackend, LoraGrads, LoraSpec};
 use crate::backend::fusion::{FusedOp, register};
 
 #[derive(Clone, Debug)]
@@ -17,28 +17,24 @@ impl<B: FusionBackend + LoraBackend> FusedOp<B> for Dropout {
     }
 }
 
-/// The inputs are `x, a, b`, then the base where there is one.
 #[derive(Clone, Debug)]
 struct Forward(LoraSpec);
 
 impl<B: FusionBackend + LoraBackend> FusedOp<B> for Forward {
     fn run(&self, inputs: Vec<FloatTensor<B>>) -> Vec<FloatTensor<B>> {
-        let mut inputs = inputs.into_iter();
-        let [x, a, b] = [(); 3].map(|_| inputs.next().unwrap());
-        let (y, h) = B::lora_forward(x, inputs.next(), a, b, self.0);
+        let [x, base, a, b]: [_; 4] = inputs.try_into().unwrap();
+        let (y, h) = B::lora_forward(x, base, a, b, self.0);
         vec![y, h]
     }
 }
 
-/// The inputs are `x, h, a, b, dy`, then the prior gradient of `x` where there is one.
 #[derive(Clone, Debug)]
 struct Backward(LoraSpec);
 
 impl<B: FusionBackend + LoraBackend> FusedOp<B> for Backward {
     fn run(&self, inputs: Vec<FloatTensor<B>>) -> Vec<FloatTensor<B>> {
-        let mut inputs = inputs.into_iter();
-        let [x, h, a, b, dy] = [(); 5].map(|_| inputs.next().unwrap());
-        let g = B::lora_backward(x, h, a, b, dy, self.0, inputs.next());
+        let [x, h, a, b, dy]: [_; 5] = inputs.try_into().unwrap();
+        let g = B::lora_backward(x, h, a, b, dy, self.0);
         vec![g.x, g.a, g.b]
     }
 }
@@ -51,16 +47,14 @@ impl<B: FusionBackend + LoraBackend> LoraBackend for Fusion<B> {
 
     fn lora_forward(
         x: FloatTensor<Self>,
-        base: Option<FloatTensor<Self>>,
+        base: FloatTensor<Self>,
         a: FloatTensor<Self>,
         b: FloatTensor<Self>,
         spec: LoraSpec,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let rows = x.shape.num_elements() / a.shape[1].max(1);
-        let y = (products::with_last(x.shape.clone(), b.shape[0]), x.dtype);
-        let outputs = vec![y, ([rows, a.shape[0]].into(), x.dtype)];
-        let inputs = [x, a, b].into_iter().chain(base).collect();
-        let [y, h]: [_; 2] = register::<B, _>("kiln_lora_forward", inputs, outputs, Forward(spec)).try_into().unwrap();
+        let outputs = vec![(base.shape.clone(), base.dtype), ([rows, a.shape[0]].into(), x.dtype)];
+        let [y, h]: [_; 2] = register::<B, _>("kiln_lora_forward", vec![x, base, a, b], outputs, Forward(spec)).try_into().unwrap();
         (y, h)
     }
 
@@ -71,11 +65,9 @@ impl<B: FusionBackend + LoraBackend> LoraBackend for Fusion<B> {
         b: FloatTensor<Self>,
         dy: FloatTensor<Self>,
         spec: LoraSpec,
-        prior: Option<FloatTensor<Self>>,
     ) -> LoraGrads<FloatTensor<Self>> {
         let outputs = vec![(x.shape.clone(), x.dtype), (a.shape.clone(), a.dtype), (b.shape.clone(), b.dtype)];
-        let inputs = [x, h, a, b, dy].into_iter().chain(prior).collect();
-        let [x, a, b]: [_; 3] = register::<B, _>("kiln_lora_backward", inputs, outputs, Backward(spec)).try_into().unwrap();
+        let [x, a, b]: [_; 3] = register::<B, _>("kiln_lora_backward", vec![x, h, a, b, dy], outputs, Backward(spec)).try_into().unwrap();
         LoraGrads { x, a, b }
     }
 }

@@ -10,10 +10,6 @@
 //! first two are one kernel that reads `dy` once (`kiln_kernels::lora::dy`). The dropout
 //! mask is a hash of the element index and a seed (`kiln_kernels::lora`), rebuilt in the backward
 //! instead of stored.
-//!
-//! Over a float linear, [`lora_linear`] turns the order around: the update `s · h · Bᵀ` first, then
-//! the base product with the update as its residual, and in the backward the update's `dx` as the
-//! residual of the base's `dy · Wᵀ`. Both adds then ride in products bound by their arithmetic.
 
 mod backward;
 mod cube;
@@ -58,11 +54,11 @@ pub trait LoraBackend: MatmulBackend + DoraBackend {
         reference::dropout::<Self>(x, mask)
     }
 
-    /// `(y, h)`: `y = base + s · h · Bᵀ` in `base`'s shape (without `base`, the update alone) and
-    /// `h = dropout(x) · Aᵀ` (`[rows, r]`, kept for the backward).
+    /// `(y, h)`: `y = base + s · h · Bᵀ` in `base`'s shape and `h = dropout(x) · Aᵀ` (`[rows, r]`,
+    /// kept for the backward).
     fn lora_forward(
         x: FloatTensor<Self>,
-        base: Option<FloatTensor<Self>>,
+        base: FloatTensor<Self>,
         a: FloatTensor<Self>,
         b: FloatTensor<Self>,
         spec: LoraSpec,
@@ -73,12 +69,10 @@ pub trait LoraBackend: MatmulBackend + DoraBackend {
     /// `(dh, dB) = (s · dy · B, s · dyᵀ · h)`, the backward's two products that read `dy`
     /// (`[.., out]`; `h` is `[rows, r]`, `b` `[out, r]`, `dh` `[rows, r]`, `dB` `[out, r]`).
     fn lora_dy_products(dy: FloatTensor<Self>, h: FloatTensor<Self>, b: FloatTensor<Self>, scale: f32) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        products::dy_products::<Self>(Self::gemm, dy, h, b, scale)
+        products::dy_products::<Self>(products::backend_gemm::<Self>, dy, h, b, scale)
     }
 
-    /// The gradients of `x` (plus `prior`, a gradient of `x` registered before), `A` and `B` from
-    /// the forward's `x` and `h` and the output gradient.
-    #[allow(clippy::too_many_arguments)]
+    /// The gradients of `x`, `A` and `B` from the forward's `x` and `h` and the output gradient.
     fn lora_backward(
         x: FloatTensor<Self>,
         h: FloatTensor<Self>,
@@ -86,23 +80,8 @@ pub trait LoraBackend: MatmulBackend + DoraBackend {
         b: FloatTensor<Self>,
         dy: FloatTensor<Self>,
         spec: LoraSpec,
-        prior: Option<FloatTensor<Self>>,
     ) -> LoraGrads<FloatTensor<Self>> {
-        products::backward(&products::Kernels::<Self>::backend(), x, h, a, b, dy, spec, prior)
-    }
-
-    /// `x · W + bias + s · dropout(x) · Aᵀ · Bᵀ` (`W` `[in, out]`, `bias` `[out]`): the update
-    /// first, then the base product with the update added in its epilogue ([`lora_linear`]).
-    fn lora_linear(
-        x: FloatTensor<Self>,
-        weight: FloatTensor<Self>,
-        bias: Option<FloatTensor<Self>>,
-        a: FloatTensor<Self>,
-        b: FloatTensor<Self>,
-        spec: LoraSpec,
-    ) -> FloatTensor<Self> {
-        let (update, _) = Self::lora_forward(x.clone(), None, a, b, spec);
-        products::base_product::<Self>(x, weight, bias, Some(update))
+        products::backward(&products::Kernels::<Self>::backend(), x, h, a, b, dy, spec)
     }
 }
 
@@ -118,52 +97,7 @@ pub fn lora<B: LoraBackend, const D: usize>(x: Tensor<B, D>, base: Tensor<B, D>,
     check("lora", &x.shape(), &base.shape(), &a.shape(), &b.shape());
     ensure_float("lora", "x", x.dtype());
     ensure_same_dtype("lora", &[("x", x.dtype()), ("base", base.dtype()), ("a", a.dtype()), ("b", b.dtype())]);
-    wrap(B::lora_forward(prim(x), Some(prim(base)), prim(a), prim(b), spec).0)
-}
-
-/// A LoRA layer over a float linear in one op: `x · weight + bias + s · dropout(x) · Aᵀ · Bᵀ`,
-/// `weight` `[in, out]` (Burn's layout), `bias` `[out]`, `a` and `b` as in [`lora`].
-///
-/// The update `s · h · Bᵀ` is written first and added in the base product's epilogue, where that
-/// product is bound by its arithmetic and the read costs little; [`lora`] on the base's output
-/// reads and writes that output once more, in a product bound by memory. Under `Autodiff` with
-/// a frozen base (neither `weight` nor `bias` needs a gradient, LoRA's case) one node does the
-/// backward, and the update's share of `x`'s gradient is the residual of the base's input-gradient
-/// product; a base that trains is [`linear`](crate::ops::matmul::linear) followed by [`lora`].
-/// `KILN_LORA_LINEAR=0` takes that composition always, for measuring the difference.
-///
-/// # Panics
-/// If the shapes do not fit as above, or the dtypes differ or are not float.
-pub fn lora_linear<B: LoraBackend, const D: usize>(
-    x: Tensor<B, D>,
-    weight: Tensor<B, 2>,
-    bias: Option<Tensor<B, 1>>,
-    a: Tensor<B, 2>,
-    b: Tensor<B, 2>,
-    spec: LoraSpec,
-) -> Tensor<B, D> {
-    const OP: &str = "lora_linear";
-    let (xs, ws) = (x.shape(), weight.shape());
-    let d = xs.num_dims();
-    ensure(d >= 1 && ws[0] == xs[d - 1], OP, || format!("weight {:?} must be [d_input, d_output] for x {:?}", ws.as_slice(), xs.as_slice()));
-    check(OP, &xs, &products::with_last(xs.clone(), ws[1]), &a.shape(), &b.shape());
-    if let Some(bias) = &bias {
-        ensure(bias.shape().as_slice() == [ws[1]], OP, || format!("bias {:?} must be [d_output] = [{}]", bias.shape().as_slice(), ws[1]));
-    }
-    ensure_float(OP, "x", x.dtype());
-    let mut dtypes = vec![("x", x.dtype()), ("weight", weight.dtype()), ("a", a.dtype()), ("b", b.dtype())];
-    dtypes.extend(bias.as_ref().map(|bias| ("bias", bias.dtype())));
-    ensure_same_dtype(OP, &dtypes);
-    if !fused_base() {
-        return lora(x.clone(), crate::ops::matmul::linear(x, weight, bias), a, b, spec);
-    }
-    wrap(B::lora_linear(prim(x), prim(weight), bias.map(prim), prim(a), prim(b), spec))
-}
-
-/// Whether [`lora_linear`] runs as one op (`KILN_LORA_LINEAR=0`: never).
-fn fused_base() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("KILN_LORA_LINEAR").map_or(true, |v| v != "0"))
+    wrap(B::lora_forward(prim(x), prim(base), prim(a), prim(b), spec).0)
 }
 
 /// `x` under LoRA's dropout `mask` (the same elements [`lora`] drops with it).

@@ -6,11 +6,11 @@ use burn::tensor::{Shape, TensorMetadata, backend::Backend, ops::FloatTensor};
 use super::{DropoutMask, LoraBackend, LoraGrads, LoraSpec};
 use crate::ops::matmul::{GemmLayout, GemmViews, MatmulBackend};
 
-type Gemm<B> = fn(FloatTensor<B>, FloatTensor<B>, Option<FloatTensor<B>>, Option<FloatTensor<B>>, GemmViews) -> FloatTensor<B>;
+type Gemm<B> = fn(FloatTensor<B>, FloatTensor<B>, Option<FloatTensor<B>>, GemmViews) -> FloatTensor<B>;
 type Dropout<B> = fn(FloatTensor<B>, DropoutMask) -> FloatTensor<B>;
 type DyProducts<B> = fn(FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, f32) -> (FloatTensor<B>, FloatTensor<B>);
 
-/// The primitives the update is made of: a product (with an optional bias and residual), the dropout, and
+/// The primitives the update is made of: a product (with an optional residual), the dropout, and
 /// the backward's pair of products that read `dy` ([`LoraBackend::lora_dy_products`]).
 pub(super) struct Kernels<B: Backend> {
     gemm: Gemm<B>,
@@ -18,15 +18,20 @@ pub(super) struct Kernels<B: Backend> {
     dy_products: DyProducts<B>,
 }
 
-/// A product (with an optional bias and residual) through Burn's matmul.
-fn reference_gemm<B: Backend>(lhs: FloatTensor<B>, rhs: FloatTensor<B>, bias: Option<FloatTensor<B>>, residual: Option<FloatTensor<B>>, views: GemmViews) -> FloatTensor<B> {
-    crate::ops::matmul::reference::gemm::<B>(lhs, rhs, bias, residual, &views)
+/// A product (with an optional residual) through the backend's GEMM.
+pub(super) fn backend_gemm<B: MatmulBackend>(lhs: FloatTensor<B>, rhs: FloatTensor<B>, residual: Option<FloatTensor<B>>, views: GemmViews) -> FloatTensor<B> {
+    B::gemm(lhs, rhs, None, residual, views)
+}
+
+/// A product (with an optional residual) through Burn's matmul.
+fn reference_gemm<B: Backend>(lhs: FloatTensor<B>, rhs: FloatTensor<B>, residual: Option<FloatTensor<B>>, views: GemmViews) -> FloatTensor<B> {
+    crate::ops::matmul::reference::gemm::<B>(lhs, rhs, None, residual, &views)
 }
 
 impl<B: LoraBackend> Kernels<B> {
     /// The backend's products, dropout and `dy` pair.
     pub(super) fn backend() -> Self {
-        Self { gemm: B::gemm, dropout: B::lora_dropout, dy_products: B::lora_dy_products }
+        Self { gemm: backend_gemm::<B>, dropout: B::lora_dropout, dy_products: B::lora_dy_products }
     }
 }
 
@@ -55,45 +60,21 @@ fn views(lhs: [usize; 3], rhs: [usize; 3], out: Shape, transpose_lhs: bool, tran
     GemmViews::new(Shape::new(lhs), Shape::new(rhs), out, GemmLayout::new(transpose_lhs, transpose_rhs))
 }
 
-/// `(base + s · h · Bᵀ, h)` with `h = dropout(x) · Aᵀ`; without `base`, the update `s · h · Bᵀ`
-/// alone (`x`'s leading axes, `out` columns).
+/// `(base + s · h · Bᵀ, h)` with `h = dropout(x) · Aᵀ`.
 pub(super) fn forward<B: Backend>(
     k: &Kernels<B>,
     x: FloatTensor<B>,
-    base: Option<FloatTensor<B>>,
+    base: FloatTensor<B>,
     a: FloatTensor<B>,
     b: FloatTensor<B>,
     spec: LoraSpec,
 ) -> (FloatTensor<B>, FloatTensor<B>) {
     let [rows, d_in, r, d_out] = dims::<B>(&x, &a, &b);
-    let out = with_last(x.shape(), d_out);
+    let out = base.shape();
     let x = k.dropout(x, &spec);
-    let h = (k.gemm)(x, a, None, None, views([1, rows, d_in], [1, r, d_in], Shape::new([rows, r]), false, true));
-    let y = (k.gemm)(h.clone(), b, None, base, views([1, rows, r], [1, d_out, r], out, false, true).scaled(spec.scale));
+    let h = (k.gemm)(x, a, None, views([1, rows, d_in], [1, r, d_in], Shape::new([rows, r]), false, true));
+    let y = (k.gemm)(h.clone(), b, Some(base), views([1, rows, r], [1, d_out, r], out, false, true).scaled(spec.scale));
     (y, h)
-}
-
-/// `x · W + bias + update`, the base product of [`LoraBackend::lora_linear`] (`W` `[in, out]`),
-/// the update its residual.
-pub(super) fn base_product<B: MatmulBackend>(x: FloatTensor<B>, weight: FloatTensor<B>, bias: Option<FloatTensor<B>>, update: Option<FloatTensor<B>>) -> FloatTensor<B> {
-    let (x_shape, [d_in, d_out]) = (x.shape(), weight.shape().dims());
-    let rows = x_shape.num_elements() / d_in.max(1);
-    B::gemm(x, weight, bias, update, views([1, rows, d_in], [1, d_in, d_out], with_last(x_shape, d_out), false, false))
-}
-
-/// `dy · Wᵀ + share`, `x`'s gradient through [`base_product`] with the update's `share` (and any
-/// gradient registered before it) as the product's residual.
-pub(super) fn base_input_grad<B: MatmulBackend>(dy: FloatTensor<B>, weight: FloatTensor<B>, share: FloatTensor<B>) -> FloatTensor<B> {
-    let (dy_shape, [d_in, d_out]) = (dy.shape(), weight.shape().dims());
-    let rows = dy_shape.num_elements() / d_out.max(1);
-    B::gemm(dy, weight, None, Some(share), views([1, rows, d_out], [1, d_in, d_out], with_last(dy_shape, d_in), false, true))
-}
-
-/// `shape` with its last axis `last`.
-pub(super) fn with_last(mut shape: Shape, last: usize) -> Shape {
-    let d = shape.num_dims();
-    shape[d - 1] = last;
-    shape
 }
 
 /// `(dh, dB) = (s · dy · B, s · dyᵀ · h)` as two products of `gemm`: `dy` is `[.., out]`, `h`
@@ -101,18 +82,16 @@ pub(super) fn with_last(mut shape: Shape, last: usize) -> Shape {
 pub(super) fn dy_products<B: Backend>(gemm: Gemm<B>, dy: FloatTensor<B>, h: FloatTensor<B>, b: FloatTensor<B>, scale: f32) -> (FloatTensor<B>, FloatTensor<B>) {
     let (h_shape, d_out) = (h.shape(), b.shape()[0]);
     let (rows, r) = (h_shape[0], h_shape[1]);
-    let dh = gemm(dy.clone(), b, None, None, views([1, rows, d_out], [1, d_out, r], Shape::new([rows, r]), false, false).scaled(scale));
-    let db = gemm(dy, h, None, None, views([1, rows, d_out], [1, rows, r], Shape::new([d_out, r]), true, false).scaled(scale));
+    let dh = gemm(dy.clone(), b, None, views([1, rows, d_out], [1, d_out, r], Shape::new([rows, r]), false, false).scaled(scale));
+    let db = gemm(dy, h, None, views([1, rows, d_out], [1, rows, r], Shape::new([d_out, r]), true, false).scaled(scale));
     (dh, db)
 }
 
-/// `dx = dropout(s · dy · B · A) + prior`, `dA = (s · dy · B)ᵀ · dropout(x)`, `dB = s · dyᵀ · h`,
-/// the rank-r products `dh = s · dy · B` and `dB` first (one pass over `dy` where the backend fuses
-/// them). `prior`, a gradient of `x` another consumer registered, is the `dx` product's residual
-/// (after the dropout, an add). `dA` is taken as `(dropout(x)ᵀ · dh)ᵀ`, a product of `in` rows:
-/// with `r` rows it went to the skinny kernel (after a copy of `dhᵀ`), at half cuBLASLt's speed
-/// over the tokens (31.7 against ~15.6 µs at 4096 × 4096, rank 16, H100; 28th session, call C).
-#[allow(clippy::too_many_arguments)]
+/// `dx = dropout(s · dy · B · A)`, `dA = (s · dy · B)ᵀ · dropout(x)`, `dB = s · dyᵀ · h`, the
+/// rank-r products `dh = s · dy · B` and `dB` first (one pass over `dy` where the backend fuses
+/// them). `dA` is taken as `(dropout(x)ᵀ · dh)ᵀ`, a product of `in` rows: with `r` rows it went to the skinny kernel (after a copy of `dhᵀ`), at half
+/// cuBLASLt's speed over the tokens (31.7 against ~15.6 µs at 4096 × 4096, rank 16, H100; 28th
+/// session, call C).
 pub(super) fn backward<B: Backend>(
     k: &Kernels<B>,
     x: FloatTensor<B>,
@@ -121,23 +100,12 @@ pub(super) fn backward<B: Backend>(
     b: FloatTensor<B>,
     dy: FloatTensor<B>,
     spec: LoraSpec,
-    prior: Option<FloatTensor<B>>,
 ) -> LoraGrads<FloatTensor<B>> {
     let [rows, d_in, r, _] = dims::<B>(&x, &a, &b);
     let x_shape = x.shape();
     let (dh, db) = (k.dy_products)(dy, h, b, spec.scale);
-    let da_t = (k.gemm)(k.dropout(x, &spec), dh.clone(), None, None, views([1, rows, d_in], [1, rows, r], Shape::new([d_in, r]), true, false));
+    let da_t = (k.gemm)(k.dropout(x, &spec), dh.clone(), None, views([1, rows, d_in], [1, rows, r], Shape::new([d_in, r]), true, false));
     let da = B::float_transpose(da_t);
-    let dx_views = views([1, rows, r], [1, r, d_in], x_shape, false, false);
-    let dx = match (spec.dropout, prior) {
-        (None, prior) => (k.gemm)(dh, a, None, prior, dx_views),
-        (Some(_), prior) => {
-            let dx = k.dropout((k.gemm)(dh, a, None, None, dx_views), &spec);
-            match prior {
-                Some(prior) => B::float_add(dx, prior),
-                None => dx,
-            }
-        }
-    };
-    LoraGrads { x: dx, a: da, b: db }
+    let dx = (k.gemm)(dh, a, None, views([1, rows, r], [1, r, d_in], x_shape, false, false));
+    LoraGrads { x: k.dropout(dx, &spec), a: da, b: db }
 }

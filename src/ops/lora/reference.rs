@@ -17,12 +17,11 @@ pub fn dropout<B: Backend>(x: FloatTensor<B>, mask: DropoutMask) -> FloatTensor<
 }
 
 /// `(y, h)` of [`super::LoraBackend::lora_forward`].
-pub fn forward<B: Backend>(x: FloatTensor<B>, base: Option<FloatTensor<B>>, a: FloatTensor<B>, b: FloatTensor<B>, spec: LoraSpec) -> (FloatTensor<B>, FloatTensor<B>) {
+pub fn forward<B: Backend>(x: FloatTensor<B>, base: FloatTensor<B>, a: FloatTensor<B>, b: FloatTensor<B>, spec: LoraSpec) -> (FloatTensor<B>, FloatTensor<B>) {
     products::forward(&Kernels::<B>::reference(), x, base, a, b, spec)
 }
 
 /// The gradients of [`super::LoraBackend::lora_backward`].
-#[allow(clippy::too_many_arguments)]
 pub fn backward<B: Backend>(
     x: FloatTensor<B>,
     h: FloatTensor<B>,
@@ -30,7 +29,6 @@ pub fn backward<B: Backend>(
     b: FloatTensor<B>,
     dy: FloatTensor<B>,
     spec: LoraSpec,
-    prior: Option<FloatTensor<B>>,
 ) -> LoraGrads<FloatTensor<B>> {
-    products::backward(&Kernels::<B>::reference(), x, h, a, b, dy, spec, prior)
+    products::backward(&Kernels::<B>::reference(), x, h, a, b, dy, spec)
 }
