@@ -687,6 +687,9 @@ fn main() {
     if mode == "lora-dy-parity" || mode == "all" {
         ok &= lora::dy_parity(&device);
     }
+    if mode == "lora-expand-parity" || mode == "all" {
+        ok &= lora::expand_parity(&device);
+    }
     if mode == "lora-trace" {
         lora::step_trace(&device, std::env::args().nth(2).and_then(|a| a.parse().ok()).unwrap_or(100));
     }

@@ -167,3 +167,71 @@ pub fn dy_parity(device: &CudaDevice) -> bool {
     }
     ok
 }
+
+/// The products that expand a rank-r operand to the full width (`out = dropout(s · L · R) + C`;
+/// on CUDA in f16/bf16 one kernel, `kiln_kernels::lora::expand`) on `Cuda` against f64 on the
+/// host, next to the same-precision path (f32 sums of the rounded inputs, the dropout and the
+/// residual in f32, rounded once), under the error rule. Cases: the forward's `base + s · h · Bᵀ`
+/// and the backward's `dx = dropout(dh · A) + prior` with and without the dropout and the prior,
+/// one token, tokens and features off the tiles, ranks 8 and 16, 4096², and rank 32 (past
+/// `MAX_RANK`: the GEMM path).
+pub fn expand_parity(device: &CudaDevice) -> bool {
+    use burn::tensor::{Shape, TensorPrimitive, bf16, f16};
+    use kiln::ops::lora::{DropoutMask, ExpandSpec, LoraBackend};
+    use super::common::{compare, poison, random, tensor, values};
+
+    let round = |v: f32, dtype: DType| if dtype == DType::F16 { f16::from_f32(v).to_f64() } else { bf16::from_f32(v).to_f64() };
+    let cases = [
+        (4096, 4096, 16, true, true, 0.0),
+        (300, 1000, 16, true, true, 0.0),
+        (1, 4104, 8, true, true, 0.0),
+        (4096, 4096, 16, false, false, 0.0),
+        (517, 96, 8, false, true, 0.1),
+        (258, 4104, 16, false, true, 0.25),
+        (129, 256, 8, false, false, 0.1),
+        (300, 1000, 32, false, true, 0.1),
+    ];
+    let mut ok = true;
+    for dtype in [DType::BF16, DType::F16] {
+        for (seed, &(tokens, n, r, transposed, with_residual, p)) in (1u64..).zip(&cases) {
+            poison::<B>(device, 2 * tokens * n, dtype);
+            let dropout = (p > 0.0).then(|| DropoutMask::new(p, seed));
+            let spec = ExpandSpec { rhs_transposed: transposed, scale: if transposed { 2.0 } else { 1.0 }, dropout };
+            let rhs_shape = if transposed { [n, r] } else { [r, n] };
+            let input = |shape: [usize; 2], salt: u64, std: f64| tensor::<B, 2>(&random(&shape, seed * 7 + salt), dtype, device) * std;
+            let (l, rhs, c) = (input([tokens, r], 1, 1.0), input(rhs_shape, 2, 0.25), with_residual.then(|| input([tokens, n], 3, 1.0)));
+            let [l_h, rhs_h] = [&l, &rhs].map(|t| values(t.clone()));
+            let c_h = c.as_ref().map(|t| values(t.clone()));
+            let prim = |t: Tensor<B, 2>| t.into_primitive().tensor();
+            let out = B::lora_expand(prim(l), prim(rhs), c.map(prim), spec, Shape::new([tokens, n]));
+            let got = values(Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(out)));
+            let right = |k: usize, j: usize| if transposed { rhs_h[j * r + k] } else { rhs_h[k * n + j] };
+            let (mut exact, mut same) = (vec![0.0; tokens * n], vec![0.0; tokens * n]);
+            for i in 0..tokens {
+                for j in 0..n {
+                    let (mut e, mut s) = (0.0f64, 0.0f32);
+                    for k in 0..r {
+                        let (a, b) = (l_h[i * r + k], right(k, j));
+                        e += a * b;
+                        s += a as f32 * b as f32;
+                    }
+                    let (mut e, mut s) = (spec.scale as f64 * e, spec.scale * s);
+                    if let Some(mask) = dropout {
+                        let keep = if mask.keeps((i * n + j) as u32) { mask.scale } else { 0.0 };
+                        (e, s) = (e * keep as f64, s * keep);
+                    }
+                    let residual = c_h.as_ref().map_or(0.0, |c| c[i * n + j]);
+                    exact[i * n + j] = e + residual;
+                    same[i * n + j] = round(s + residual as f32, dtype);
+                }
+            }
+            let cmp = compare("out", &got, &same, &exact, dtype, r as f64);
+            println!(
+                "parity lora-expand t{tokens} n{n} r{r} transposed={transposed} residual={with_residual} dropout{p} {dtype:?} kernel_err {:.3e} ref_err {:.3e} bound {:.3e} {}",
+                cmp.kernel_err, cmp.reference_err, cmp.bound, if cmp.passed() { "ok" } else { "FAIL" }
+            );
+            ok &= cmp.passed();
+        }
+    }
+    ok
+}

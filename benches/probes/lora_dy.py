@@ -36,7 +36,7 @@ def source(path):
     assert sig in text
     text = text.replace(sig, "u32 q0, u32 q1, u32 q2, u32 q3, float q4) {\n    const SumParams p{q0, q1, q2, q3, q4};")
     kind = 1 if KIND == "f16" else 2
-    head = open(os.path.join(SRC, "hopper", "common.cuh")).read() + "\n" + open(os.path.join(SRC, "cuda_out.cuh")).read()
+    head = open(os.path.join(SRC, "hopper", "common.cuh")).read() + "\n" + open(os.path.join(SRC, "cuda_out.cuh")).read() + "\n" + open(os.path.join(SRC, "lora", "mma.cuh")).read()
     return kind, head, text
 
 

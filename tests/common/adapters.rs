@@ -21,8 +21,9 @@ fn dropped<B: KilnAutodiffBackend>(x: Tensor<B, 3>, mask: DropoutMask) -> Tensor
 }
 
 /// `y = base + s · dropout(x) · Aᵀ · Bᵀ` on `x [batch, m, d_in]`, a random `base [batch, m,
-/// d_out]`, `A [r, d_in]`, `B [out, r]`, with every gradient; the reference is the formula in
-/// plain Burn ops with the dropout mask built on the host from the same hash.
+/// d_out]`, `A [r, d_in]`, `B [out, r]`, with every gradient (`x` also feeds a second consumer);
+/// the reference is the formula in plain Burn ops with the dropout mask built on the host from
+/// the same hash.
 #[derive(Debug, Clone, Copy)]
 pub struct LoraCase {
     pub batch: usize,
@@ -60,7 +61,10 @@ impl Case for LoraCase {
             let h = dropped.matmul(a.clone().transpose().unsqueeze());
             base.clone() + h.matmul(bw.clone().transpose().unsqueeze()) * self.scale
         };
-        let grads = weighted(y.clone(), s + 4, device).backward();
+        // A second consumer of `x`, deeper in the graph, registers its gradient first: the op's
+        // backward takes it into its `dx` product.
+        let side = (x.clone() * 0.5).tanh() * 2.0;
+        let grads = (weighted(y.clone(), s + 4, device) + weighted(side, s + 5, device)).backward();
         vec![
             ("y", values(y)),
             ("dx", grad(&x, &grads)),

@@ -26,8 +26,8 @@
 // Layouts: `dy` `[tokens, out]`, `B` `[out, r]`, `h` `[tokens, r]`, dense row-major, 16-byte
 // aligned, `out` and `r` multiples of 8. Defines: KILN_KIND (1 f16, 2 bf16; KILN_OUT_KIND the
 // same), KILN_NJ (r / 8, 1 … 8), KILN_STAGES (≥ 2), optionally KILN_H_HELD (0: reload `h`'s
-// fragments every chunk, for measurements). kiln places `hopper/common.cuh` and
-// `cuda_out.cuh` before this source.
+// fragments every chunk, for measurements). kiln places `hopper/common.cuh`, `cuda_out.cuh` and
+// `lora/mma.cuh` before this source.
 
 #define KILN_TOKENS 256
 #define KILN_CHUNK 64
@@ -45,18 +45,6 @@
 #define KILN_B_BYTES (KILN_CHUNK * KILN_R_PITCH * 2)
 #define KILN_STAGE_BYTES (KILN_DY_BYTES + KILN_B_BYTES)
 #define KILN_H_BYTES (KILN_TOKENS * KILN_R_PITCH * 2)
-
-#if KILN_KIND == 1
-#define KILN_MMA "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
-#else
-#define KILN_MMA "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
-#endif
-
-__device__ __forceinline__ void lora_mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-    asm volatile(KILN_MMA " {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 __device__ __forceinline__ void ldsm4(u32 (&r)[4], u32 address) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"

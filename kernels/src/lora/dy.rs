@@ -13,7 +13,7 @@ use crate::cuda_source::{CudaSourceKernel, FloatKind, OUT_ELEMENT, fingerprint};
 use crate::hopper::COMMON;
 
 const SOURCE: &str = include_str!("dy.cu");
-const FINGERPRINT: u64 = fingerprint(&[COMMON, OUT_ELEMENT, SOURCE]);
+const FINGERPRINT: u64 = fingerprint(&[COMMON, OUT_ELEMENT, super::MMA, SOURCE]);
 /// Tokens a cube (`KILN_TOKENS`), output features a step (`KILN_CHUNK`), threads a cube.
 const TOKENS: usize = 256;
 const CHUNK: usize = 64;
@@ -102,7 +102,7 @@ pub struct DyArgs {
 
 fn source(params: &[u32]) -> String {
     let [kind, nj] = params else { unreachable!("two lora dy parameters") };
-    format!("#define KILN_KIND {kind}\n#define KILN_OUT_KIND {kind}\n#define KILN_NJ {nj}\n#define KILN_STAGES {STAGES}\n{COMMON}\n{OUT_ELEMENT}\n{SOURCE}")
+    format!("#define KILN_KIND {kind}\n#define KILN_OUT_KIND {kind}\n#define KILN_NJ {nj}\n#define KILN_STAGES {STAGES}\n{COMMON}\n{OUT_ELEMENT}\n{}\n{SOURCE}", super::MMA)
 }
 
 /// Enqueues both launches on `client`'s stream. The caller made `plan` for these sizes and checked

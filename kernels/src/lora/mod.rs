@@ -3,10 +3,18 @@
 //! the same mask from the seed instead of keeping a mask tensor between the passes. The hash is
 //! also computed on the host ([`keeps`]) for the reference, so every path drops the same elements.
 //!
-//! On CUDA, [`dy`] fuses the backward's two products that read the output gradient.
+//! On CUDA, [`dy`] fuses the backward's two products that read the output gradient, and
+//! [`expand`] runs the products that expand a rank-r operand to the full width (with the residual
+//! and the dropout in the same pass).
 
 #[cfg(feature = "cuda")]
 pub mod dy;
+#[cfg(feature = "cuda")]
+pub mod expand;
+
+/// The CUDA C++ the LoRA kernels share (`mma.cuh`): the MMA, an element's value, the dropout hash.
+#[cfg(feature = "cuda")]
+const MMA: &str = include_str!("mma.cuh");
 
 use crate::row::elementwise_geometry;
 use cubecl::prelude::*;

@@ -1,6 +1,8 @@
 //! LoRA under `Autodiff`: the node's parents are `x`, `base`, `A`, `B`; it keeps `x`, `h`, `A`
 //! and `B` (`h`, the forward's `[rows, r]` product, is reused by `dB`), and its backward passes
-//! `dy` on to the base unchanged. The stand-alone dropout is a node of its own whose backward is
+//! `dy` on to the base unchanged. A gradient of `x` another consumer registered before (q/k/v and
+//! gate/up projections share their input) becomes the `dx` product's residual instead of a
+//! separate add, as in `ops::matmul`'s backward. The stand-alone dropout is a node of its own whose backward is
 //! the same dropout (it is linear and its own adjoint), the mask rebuilt from the seed.
 
 use burn::backend::autodiff::{
@@ -9,9 +11,10 @@ use burn::backend::autodiff::{
     grads::Gradients,
     ops::{Backward, Ops, OpsKind},
 };
-use burn::tensor::{backend::AutodiffBackend, ops::FloatTensor};
+use burn::tensor::{TensorMetadata, backend::AutodiffBackend, ops::FloatTensor};
 
 use super::{DropoutMask, LoraBackend, LoraSpec};
+use crate::ops::matmul::take_prior;
 
 #[derive(Debug)]
 struct LoraGrad;
@@ -33,8 +36,18 @@ impl<B: LoraBackend> Backward<B, 4> for LoraGrad {
         let dy = grads.consume::<B>(&ops.node);
         let [x_node, base_node, a_node, b_node] = ops.parents;
         if x_node.is_some() || a_node.is_some() || b_node.is_some() {
-            let g = B::lora_backward(s.x, s.h, s.a, s.b, dy.clone(), s.spec);
-            for (node, grad) in [(x_node, g.x), (a_node, g.a), (b_node, g.b)] {
+            // `x`'s node on a throwaway tensor: how `take_prior` finds a registered gradient.
+            let x_probe = x_node.map(|node| {
+                let mut probe = <Autodiff<B> as AutodiffBackend>::from_inner(s.x.clone());
+                probe.node = node;
+                probe
+            });
+            let prior = x_probe.as_ref().and_then(|probe| take_prior::<B>(grads, probe, &s.x.shape(), s.x.dtype()));
+            let g = B::lora_backward(s.x, s.h, s.a, s.b, dy.clone(), s.spec, prior);
+            if let Some(probe) = x_probe {
+                grads.register::<B>(probe.node.id, g.x);
+            }
+            for (node, grad) in [(a_node, g.a), (b_node, g.b)] {
                 if let Some(node) = node {
                     grads.register::<B>(node.id, grad);
                 }

@@ -1,12 +1,13 @@
 //! LoRA on CubeCL backends: the products through the backend's GEMM (the trait's defaults), the
 //! dropout as one elementwise kernel, and on CUDA the backward's pair of products that read `dy`
-//! as one kernel (`kiln_kernels::lora::dy`).
+//! as one kernel (`kiln_kernels::lora::dy`) and the products that expand to the full width as one
+//! pass each (`kiln_kernels::lora::expand`).
 
-use burn::tensor::{TensorMetadata, ops::FloatTensor};
+use burn::tensor::{Shape, TensorMetadata, ops::FloatTensor};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use kiln_kernels::{lora::launch_dropout, row::vector_size_for};
 
-use super::{DropoutMask, LoraBackend, products};
+use super::{DropoutMask, ExpandSpec, LoraBackend, products};
 use crate::backend::cube::{dense, empty_like_device, storage};
 
 impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> LoraBackend for CubeBackend<R, F, I, BT> {
@@ -27,6 +28,14 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> LoraBacken
         }
         products::dy_products::<Self>(products::backend_gemm::<Self>, dy, h, b, scale)
     }
+
+    fn lora_expand(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>, residual: Option<FloatTensor<Self>>, spec: ExpandSpec, out: Shape) -> FloatTensor<Self> {
+        #[cfg(feature = "cuda")]
+        if let Some(fused) = fused::expand_takes(&lhs, &rhs, residual.as_ref(), &out) {
+            return fused::expand(fused, lhs, rhs, residual, spec, out);
+        }
+        products::expand::<Self>(products::backend_gemm::<Self>, Self::lora_dropout, lhs, rhs, residual, spec, out)
+    }
 }
 
 /// The fused pair on CUDA's tensor cores.
@@ -35,7 +44,11 @@ mod fused {
     use burn::tensor::{DType, TensorMetadata};
     use burn_cubecl::{CubeRuntime, tensor::CubeTensor};
     use kiln_kernels::cuda_source::FloatKind;
-    use kiln_kernels::lora::dy::{DyArgs, DyPlan, enabled, launch_dy_products};
+    use burn::tensor::Shape;
+    use kiln_kernels::lora::dy::{self, DyArgs, DyPlan, launch_dy_products};
+    use kiln_kernels::lora::expand::{self, ExpandArgs, ExpandPlan, Right, launch_expand};
+
+    use super::ExpandSpec;
 
     use crate::backend::cube::cuda::{self, binding};
     use crate::backend::cube::{dense, empty_like_device};
@@ -44,7 +57,7 @@ mod fused {
     /// of compute capability 8.0 or up, sizes [`DyPlan::new`] takes, and the kernel [`enabled`].
     pub(super) fn takes<R: CubeRuntime>(dy: &CubeTensor<R>, h: &CubeTensor<R>, b: &CubeTensor<R>) -> Option<(FloatKind, DyPlan)> {
         let kind = cuda::float_kind(dy.dtype)?;
-        if !enabled() || h.dtype != dy.dtype || b.dtype != dy.dtype || !cuda::capable(dy, (8, 0)) {
+        if !dy::enabled() || h.dtype != dy.dtype || b.dtype != dy.dtype || !cuda::capable(dy, (8, 0)) {
             return None;
         }
         let hardware = &cuda::client(dy)?.properties().hardware;
@@ -73,5 +86,37 @@ mod fused {
         let args = DyArgs { dy: binding(&dy), b: binding(&b), h: binding(&h), part_dh: binding(&part_dh), part_db: binding(&part_db), dh: binding(&dh), db: binding(&db) };
         launch_dy_products(client, kind, plan, tokens, out, r, scale, args);
         (dh, db)
+    }
+
+    /// The element kind and the plan, if the expanding kernel takes the product: f16 or bf16 (the
+    /// right operand's and residual's dtype the same) on a CUDA device of compute capability 8.0 or up, sizes
+    /// [`ExpandPlan::new`] takes, and the kernel [`expand::enabled`].
+    pub(super) fn expand_takes<R: CubeRuntime>(lhs: &CubeTensor<R>, rhs: &CubeTensor<R>, residual: Option<&CubeTensor<R>>, out: &Shape) -> Option<(FloatKind, ExpandPlan)> {
+        let kind = cuda::float_kind(lhs.dtype)?;
+        if !expand::enabled() || rhs.dtype != lhs.dtype || residual.is_some_and(|c| c.dtype != lhs.dtype) || !cuda::capable(lhs, (8, 0)) {
+            return None;
+        }
+        let sms = cuda::client(lhs)?.properties().hardware.num_streaming_multiprocessors.unwrap_or(1) as usize;
+        let (n, [rows, r]) = (out[out.num_dims() - 1], lhs.shape().dims());
+        ExpandPlan::new(kind, rows, n, r, sms).map(|plan| (kind, plan))
+    }
+
+    /// `dropout(s · lhs · op(rhs)) + residual` by the expanding kernel (`expand_takes` said yes).
+    pub(super) fn expand<R: CubeRuntime>(
+        (kind, plan): (FloatKind, ExpandPlan),
+        lhs: CubeTensor<R>,
+        rhs: CubeTensor<R>,
+        residual: Option<CubeTensor<R>>,
+        spec: ExpandSpec,
+        out: Shape,
+    ) -> CubeTensor<R> {
+        let (lhs, rhs, residual) = (aligned(lhs), aligned(rhs), residual.map(aligned));
+        let client = cuda::client(&lhs).expect("`expand_takes` checked the runtime");
+        let (n, [rows, r]) = (out[out.num_dims() - 1], lhs.shape().dims());
+        let right = if spec.rhs_transposed { Right::Rows } else { Right::Columns };
+        let result = empty_like_device(&lhs, out, lhs.dtype);
+        let args = ExpandArgs { l: binding(&lhs), right: binding(&rhs), residual: residual.as_ref().map(binding), out: binding(&result) };
+        launch_expand(client, kind, plan, [rows, n, r], right, spec.scale, spec.dropout, args);
+        result
     }
 }

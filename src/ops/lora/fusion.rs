@@ -28,13 +28,15 @@ impl<B: FusionBackend + LoraBackend> FusedOp<B> for Forward {
     }
 }
 
+/// The inputs are `x, h, a, b, dy`, then the prior gradient of `x` where there is one.
 #[derive(Clone, Debug)]
 struct Backward(LoraSpec);
 
 impl<B: FusionBackend + LoraBackend> FusedOp<B> for Backward {
     fn run(&self, inputs: Vec<FloatTensor<B>>) -> Vec<FloatTensor<B>> {
-        let [x, h, a, b, dy]: [_; 5] = inputs.try_into().unwrap();
-        let g = B::lora_backward(x, h, a, b, dy, self.0);
+        let mut inputs = inputs.into_iter();
+        let [x, h, a, b, dy] = [(); 5].map(|_| inputs.next().expect("the backward's five inputs"));
+        let g = B::lora_backward(x, h, a, b, dy, self.0, inputs.next());
         vec![g.x, g.a, g.b]
     }
 }
@@ -65,9 +67,11 @@ impl<B: FusionBackend + LoraBackend> LoraBackend for Fusion<B> {
         b: FloatTensor<Self>,
         dy: FloatTensor<Self>,
         spec: LoraSpec,
+        prior: Option<FloatTensor<Self>>,
     ) -> LoraGrads<FloatTensor<Self>> {
         let outputs = vec![(x.shape.clone(), x.dtype), (a.shape.clone(), a.dtype), (b.shape.clone(), b.dtype)];
-        let [x, a, b]: [_; 3] = register::<B, _>("kiln_lora_backward", vec![x, h, a, b, dy], outputs, Backward(spec)).try_into().unwrap();
+        let inputs = [x, h, a, b, dy].into_iter().chain(prior).collect();
+        let [x, a, b]: [_; 3] = register::<B, _>("kiln_lora_backward", inputs, outputs, Backward(spec)).try_into().unwrap();
         LoraGrads { x, a, b }
     }
 }

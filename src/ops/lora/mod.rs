@@ -7,7 +7,9 @@
 //! output in the second product's epilogue (alpha = `s`, the base as C). The backward keeps `h`
 //! from the forward, takes the rank-r products first (`dh = s · dy · B`, `dB = s · dyᵀ · h`, then
 //! `dA = dhᵀ · dropout(x)` and `dx = dropout(dh · A)`): never a `[out, in]` product. On CUDA the
-//! first two are one kernel that reads `dy` once (`kiln_kernels::lora::dy`). The dropout
+//! first two are one kernel that reads `dy` once (`kiln_kernels::lora::dy`), and the products that
+//! expand to the full width (`y`, and `dx` with its dropout and any gradient of `x` registered
+//! before) are one pass each (`kiln_kernels::lora::expand`). The dropout
 //! mask is a hash of the element index and a seed (`kiln_kernels::lora`), rebuilt in the backward
 //! instead of stored.
 
@@ -32,6 +34,17 @@ pub struct LoraSpec {
     /// `s`: `α / r`, or `α / √r` for rsLoRA.
     pub scale: f32,
     /// The dropout on the adapter's input; `None` when off (inference, or `p = 0`).
+    pub dropout: Option<DropoutMask>,
+}
+
+/// How [`LoraBackend::lora_expand`] applies its right operand, and the product's scale and
+/// dropout.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ExpandSpec {
+    /// The right operand is `[n, r]` (`B`), used transposed; otherwise `[r, n]` (`A`).
+    pub rhs_transposed: bool,
+    pub scale: f32,
+    /// A dropout on the product, before the residual is added.
     pub dropout: Option<DropoutMask>,
 }
 
@@ -72,7 +85,16 @@ pub trait LoraBackend: MatmulBackend + DoraBackend {
         products::dy_products::<Self>(products::backend_gemm::<Self>, dy, h, b, scale)
     }
 
-    /// The gradients of `x`, `A` and `B` from the forward's `x` and `h` and the output gradient.
+    /// `dropout(s · lhs · op(rhs)) + residual` in the shape `out`, a product that expands the
+    /// rank-r `lhs` (`[rows, r]`) to the full width: the forward's `base + s · h · Bᵀ` (`rhs` `B`
+    /// `[out, r]`, transposed) and the backward's `dropout(dh · A) + prior` (`rhs` `A` `[r, in]`).
+    fn lora_expand(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>, residual: Option<FloatTensor<Self>>, spec: ExpandSpec, out: Shape) -> FloatTensor<Self> {
+        products::expand::<Self>(products::backend_gemm::<Self>, Self::lora_dropout, lhs, rhs, residual, spec, out)
+    }
+
+    /// The gradients of `x` (plus `prior`, a gradient of `x` registered before), `A` and `B` from
+    /// the forward's `x` and `h` and the output gradient.
+    #[allow(clippy::too_many_arguments)]
     fn lora_backward(
         x: FloatTensor<Self>,
         h: FloatTensor<Self>,
@@ -80,8 +102,9 @@ pub trait LoraBackend: MatmulBackend + DoraBackend {
         b: FloatTensor<Self>,
         dy: FloatTensor<Self>,
         spec: LoraSpec,
+        prior: Option<FloatTensor<Self>>,
     ) -> LoraGrads<FloatTensor<Self>> {
-        products::backward(&products::Kernels::<Self>::backend(), x, h, a, b, dy, spec)
+        products::backward(&products::Kernels::<Self>::backend(), x, h, a, b, dy, spec, prior)
     }
 }
 

@@ -3,19 +3,22 @@
 
 use burn::tensor::{Shape, TensorMetadata, backend::Backend, ops::FloatTensor};
 
-use super::{DropoutMask, LoraBackend, LoraGrads, LoraSpec};
+use super::{DropoutMask, ExpandSpec, LoraBackend, LoraGrads, LoraSpec};
 use crate::ops::matmul::{GemmLayout, GemmViews, MatmulBackend};
 
 type Gemm<B> = fn(FloatTensor<B>, FloatTensor<B>, Option<FloatTensor<B>>, GemmViews) -> FloatTensor<B>;
 type Dropout<B> = fn(FloatTensor<B>, DropoutMask) -> FloatTensor<B>;
 type DyProducts<B> = fn(FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, f32) -> (FloatTensor<B>, FloatTensor<B>);
+type Expand<B> = fn(FloatTensor<B>, FloatTensor<B>, Option<FloatTensor<B>>, ExpandSpec, Shape) -> FloatTensor<B>;
 
-/// The primitives the update is made of: a product (with an optional residual), the dropout, and
-/// the backward's pair of products that read `dy` ([`LoraBackend::lora_dy_products`]).
+/// The primitives the update is made of: a product (with an optional residual), the dropout, the
+/// backward's pair of products that read `dy` ([`LoraBackend::lora_dy_products`]) and the products
+/// that expand a rank-r operand to the full width ([`LoraBackend::lora_expand`]).
 pub(super) struct Kernels<B: Backend> {
     gemm: Gemm<B>,
     dropout: Dropout<B>,
     dy_products: DyProducts<B>,
+    expand: Expand<B>,
 }
 
 /// A product (with an optional residual) through the backend's GEMM.
@@ -31,14 +34,19 @@ fn reference_gemm<B: Backend>(lhs: FloatTensor<B>, rhs: FloatTensor<B>, residual
 impl<B: LoraBackend> Kernels<B> {
     /// The backend's products, dropout and `dy` pair.
     pub(super) fn backend() -> Self {
-        Self { gemm: backend_gemm::<B>, dropout: B::lora_dropout, dy_products: B::lora_dy_products }
+        Self { gemm: backend_gemm::<B>, dropout: B::lora_dropout, dy_products: B::lora_dy_products, expand: B::lora_expand }
     }
 }
 
 impl<B: Backend> Kernels<B> {
     /// Burn's matmul and the host-built mask.
     pub(super) fn reference() -> Self {
-        Self { gemm: reference_gemm::<B>, dropout: super::reference::dropout::<B>, dy_products: |dy, h, b, scale| dy_products::<B>(reference_gemm::<B>, dy, h, b, scale) }
+        Self {
+            gemm: reference_gemm::<B>,
+            dropout: super::reference::dropout::<B>,
+            dy_products: |dy, h, b, scale| dy_products::<B>(reference_gemm::<B>, dy, h, b, scale),
+            expand: |lhs, rhs, residual, spec, out| expand::<B>(reference_gemm::<B>, super::reference::dropout::<B>, lhs, rhs, residual, spec, out),
+        }
     }
 
     fn dropout(&self, x: FloatTensor<B>, spec: &LoraSpec) -> FloatTensor<B> {
@@ -69,12 +77,38 @@ pub(super) fn forward<B: Backend>(
     b: FloatTensor<B>,
     spec: LoraSpec,
 ) -> (FloatTensor<B>, FloatTensor<B>) {
-    let [rows, d_in, r, d_out] = dims::<B>(&x, &a, &b);
+    let [rows, d_in, r, _] = dims::<B>(&x, &a, &b);
     let out = base.shape();
     let x = k.dropout(x, &spec);
     let h = (k.gemm)(x, a, None, views([1, rows, d_in], [1, r, d_in], Shape::new([rows, r]), false, true));
-    let y = (k.gemm)(h.clone(), b, Some(base), views([1, rows, r], [1, d_out, r], out, false, true).scaled(spec.scale));
+    let y = (k.expand)(h.clone(), b, Some(base), ExpandSpec { rhs_transposed: true, scale: spec.scale, dropout: None }, out);
     (y, h)
+}
+
+/// `dropout(s · lhs · op(rhs)) + residual` ([`LoraBackend::lora_expand`]) as a product of `gemm`,
+/// then the dropout and an add where there is a dropout.
+pub(super) fn expand<B: Backend>(
+    gemm: Gemm<B>,
+    dropout: Dropout<B>,
+    lhs: FloatTensor<B>,
+    rhs: FloatTensor<B>,
+    residual: Option<FloatTensor<B>>,
+    spec: ExpandSpec,
+    out: Shape,
+) -> FloatTensor<B> {
+    let ([rows, r], rhs_shape) = (lhs.shape().dims(), rhs.shape());
+    let rhs_view = [1, rhs_shape[0], rhs_shape[1]];
+    let views = views([1, rows, r], rhs_view, out, false, spec.rhs_transposed).scaled(spec.scale);
+    match spec.dropout {
+        None => gemm(lhs, rhs, residual, views),
+        Some(mask) => {
+            let dropped = dropout(gemm(lhs, rhs, None, views), mask);
+            match residual {
+                Some(residual) => B::float_add(dropped, residual),
+                None => dropped,
+            }
+        }
+    }
 }
 
 /// `(dh, dB) = (s · dy · B, s · dyᵀ · h)` as two products of `gemm`: `dy` is `[.., out]`, `h`
@@ -87,11 +121,13 @@ pub(super) fn dy_products<B: Backend>(gemm: Gemm<B>, dy: FloatTensor<B>, h: Floa
     (dh, db)
 }
 
-/// `dx = dropout(s · dy · B · A)`, `dA = (s · dy · B)ᵀ · dropout(x)`, `dB = s · dyᵀ · h`, the
-/// rank-r products `dh = s · dy · B` and `dB` first (one pass over `dy` where the backend fuses
-/// them). `dA` is taken as `(dropout(x)ᵀ · dh)ᵀ`, a product of `in` rows: with `r` rows it went to the skinny kernel (after a copy of `dhᵀ`), at half
-/// cuBLASLt's speed over the tokens (31.7 against ~15.6 µs at 4096 × 4096, rank 16, H100; 28th
-/// session, call C).
+/// `dx = dropout(s · dy · B · A) + prior`, `dA = (s · dy · B)ᵀ · dropout(x)`, `dB = s · dyᵀ · h`,
+/// the rank-r products `dh = s · dy · B` and `dB` first (one pass over `dy` where the backend
+/// fuses them); `prior`, a gradient of `x` registered before, is the `dx` product's residual. `dA`
+/// is taken as `(dropout(x)ᵀ · dh)ᵀ`, a product of `in` rows: with `r` rows it went to the skinny
+/// kernel (after a copy of `dhᵀ`), at half cuBLASLt's speed over the tokens (31.7 against ~15.6 µs
+/// at 4096 × 4096, rank 16, H100; 28th session, call C).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn backward<B: Backend>(
     k: &Kernels<B>,
     x: FloatTensor<B>,
@@ -100,12 +136,13 @@ pub(super) fn backward<B: Backend>(
     b: FloatTensor<B>,
     dy: FloatTensor<B>,
     spec: LoraSpec,
+    prior: Option<FloatTensor<B>>,
 ) -> LoraGrads<FloatTensor<B>> {
     let [rows, d_in, r, _] = dims::<B>(&x, &a, &b);
     let x_shape = x.shape();
     let (dh, db) = (k.dy_products)(dy, h, b, spec.scale);
     let da_t = (k.gemm)(k.dropout(x, &spec), dh.clone(), None, views([1, rows, d_in], [1, rows, r], Shape::new([d_in, r]), true, false));
     let da = B::float_transpose(da_t);
-    let dx = (k.gemm)(dh, a, None, views([1, rows, r], [1, r, d_in], x_shape, false, false));
-    LoraGrads { x: k.dropout(dx, &spec), a: da, b: db }
+    let dx = (k.expand)(dh, a, prior, ExpandSpec { rhs_transposed: false, scale: 1.0, dropout: spec.dropout }, x_shape);
+    LoraGrads { x: dx, a: da, b: db }
 }

@@ -22,6 +22,7 @@ pub fn forward<B: Backend>(x: FloatTensor<B>, base: FloatTensor<B>, a: FloatTens
 }
 
 /// The gradients of [`super::LoraBackend::lora_backward`].
+#[allow(clippy::too_many_arguments)]
 pub fn backward<B: Backend>(
     x: FloatTensor<B>,
     h: FloatTensor<B>,
@@ -29,6 +30,7 @@ pub fn backward<B: Backend>(
     b: FloatTensor<B>,
     dy: FloatTensor<B>,
     spec: LoraSpec,
+    prior: Option<FloatTensor<B>>,
 ) -> LoraGrads<FloatTensor<B>> {
-    products::backward(&Kernels::<B>::reference(), x, h, a, b, dy, spec)
+    products::backward(&Kernels::<B>::reference(), x, h, a, b, dy, spec, prior)
 }

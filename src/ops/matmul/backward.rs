@@ -16,7 +16,7 @@ use burn::backend::autodiff::{
     grads::Gradients,
     ops::{Backward, Ops, OpsKind},
 };
-use burn::tensor::{DType, Shape, TensorMetadata, backend::AutodiffBackend, ops::FloatTensor};
+use burn::tensor::{DType, Shape, TensorMetadata, backend::{AutodiffBackend, Backend}, ops::FloatTensor};
 
 use super::{GemmLayout, GemmViews, MatmulBackend};
 
@@ -93,7 +93,7 @@ fn rhs_grad<B: MatmulBackend>(s: &Saved<B>, g: FloatTensor<B>, prior: Option<Flo
 /// burn-autodiff offers no test for a registered gradient short of `Gradients::remove`, which
 /// takes a tensor, and names no node type outside itself: `probe` is a throwaway tensor given the
 /// node. `KILN_GEMM_GRAD_PRIOR=0` leaves every prior to `register`, for measuring the difference.
-fn take_prior<B: MatmulBackend>(grads: &mut Gradients, probe: &FloatTensor<Autodiff<B>>, shape: &Shape, dtype: DType) -> Option<FloatTensor<B>> {
+pub(crate) fn take_prior<B: Backend>(grads: &mut Gradients, probe: &FloatTensor<Autodiff<B>>, shape: &Shape, dtype: DType) -> Option<FloatTensor<B>> {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     if *OFF.get_or_init(|| std::env::var("KILN_GEMM_GRAD_PRIOR").is_ok_and(|v| v == "0")) {
         return None;
