@@ -169,8 +169,8 @@ pub fn dy_parity(device: &CudaDevice) -> bool {
 }
 
 /// The products that expand a rank-r operand to the full width (`out = dropout(s · L · R) + C`;
-/// on CUDA in f16/bf16 one kernel, `kiln_kernels::lora::expand`) on `Cuda` against f64 on the
-/// host, next to the same-precision path (f32 sums of the rounded inputs, the dropout and the
+/// the backward's `dx` on CUDA in f16/bf16 one kernel, `kiln_kernels::lora::expand`, the forward's
+/// `y` the GEMM) on `Cuda` against f64 on the host, next to the same-precision path (f32 sums of the rounded inputs, the dropout and the
 /// residual in f32, rounded once), under the error rule. Cases: the forward's `base + s · h · Bᵀ`
 /// and the backward's `dx = dropout(dh · A) + prior` with and without the dropout and the prior,
 /// one token, tokens and features off the tiles, ranks 8 and 16, 4096², and rank 32 (past

@@ -1,9 +1,10 @@
-"""LoRA's expanding products (`kernels/src/lora/expand.cu`: `out = dropout(s·L·R) + C`, the
-forward's `y = base + s·h·Bᵀ` and the backward's `dx = dropout(dh·A) + prior`) without a Rust
-build: compiled by NVRTC through CuPy with the defines kiln passes, checked against an f64
-reference with poisoned (NaN) outputs (max error next to torch's own product's error), and timed
-with CUDA events behind a busy GPU (`benches/peers/gemm.py`'s `gpu_seconds`) next to torch's
-product (cuBLAS; `addmm` with the residual) in the same process.
+"""LoRA's input gradient in one pass (`kernels/src/lora/expand.cu`: `dx = dropout(dh·A) + prior`)
+without a Rust build: compiled by NVRTC through CuPy with the defines kiln passes, checked against
+an f64 reference with poisoned (NaN) outputs (max error next to torch's own product's error), and
+timed with CUDA events behind a busy GPU (`benches/peers/gemm.py`'s `gpu_seconds`) next to torch
+(cuBLAS: the product, `addmm` with the prior, or the product, mask and add) in the same process.
+The fiftieth session tuned the kernel with it (its forward `y = base + s·h·Bᵀ` variant then ran
+1.9–2.3× torch's `addmm` here but slower than kiln's cuBLASLt in whole steps).
 
 Usage on the GPU machine, from the repository root:
     python3 benches/probes/lora_expand.py [variant.cu ...]   (default: the committed kernel)
@@ -54,18 +55,18 @@ class Variant:
         self.kind = 1 if KIND == "f16" else 2
         self.cache = {}
 
-    def function(self, r, nk, dropout, residual):
-        key = (r, nk, dropout, residual)
+    def function(self, r, dropout, residual):
+        key = (r, dropout, residual)
         if key not in self.cache:
-            defs = f"#define KILN_KIND {self.kind}\n#define KILN_OUT_KIND {self.kind}\n#define KILN_R {r}\n#define KILN_R_NK {int(nk)}\n#define KILN_DROPOUT {int(dropout)}\n#define KILN_RESIDUAL {int(residual)}\n"
+            defs = f"#define KILN_KIND {self.kind}\n#define KILN_OUT_KIND {self.kind}\n#define KILN_R {r}\n#define KILN_DROPOUT {int(dropout)}\n#define KILN_RESIDUAL {int(residual)}\n"
             mod = cp.RawModule(code=defs + self.head + "\n" + self.text, options=("-std=c++17", "-arch=sm_90"))
             self.cache[key] = mod.get_function("kiln_lora_expand")
         return self.cache[key]
 
-    def run(self, l, rt, nk, c, out, scale, dropout):
+    def run(self, l, rt, c, out, scale, dropout):
         tokens, r = l.shape
         n = out.shape[1]
-        f = self.function(r, nk, dropout, c is not None)
+        f = self.function(r, dropout, c is not None)
         u = np.uint32
         v = lambda t: cp.asarray(t.view(torch.int16))
         columns, tiles = -(-n // (64 * WARPS)), -(-tokens // 16)
@@ -82,15 +83,12 @@ def main():
     for tokens, n, r in SHAPES:
         g = torch.Generator(device="cuda").manual_seed(tokens + n + r)
         rand = lambda *shape, std=1.0: (torch.randn(*shape, device="cuda", generator=g) * std).to(DTYPE)
-        l, b_nk, a_kn, c = rand(tokens, r), rand(n, r, std=0.25), rand(r, n, std=0.25), rand(tokens, n)
-        s = 2.0
+        l, a_kn, c = rand(tokens, r), rand(r, n, std=0.25), rand(tokens, n)
         mask = keep_mask(tokens, n)
-        # (name, R as given, R as [r, n], `R` given [n, r], residual, dropout) — the forward's y-add and
-        # the backward's dx with and without dropout and prior.
-        cases = [("y = C + s·h·Bᵀ", b_nk, b_nk.T, True, c, False), ("dx = dh·A", a_kn, a_kn, False, None, False),
-                 ("dx = dropout(dh·A) + prior", a_kn, a_kn, False, c, True)]
-        for name, rt, r_kn, nk, res, drop in cases:
-            scale = s if nk else 1.0
+        # (name, residual, dropout): `dx` alone, with the prior, and with both.
+        cases = [("dx = dh·A", None, False), ("dx = dh·A + prior", c, False), ("dx = dropout(dh·A) + prior", c, True)]
+        for name, res, drop in cases:
+            r_kn, scale = a_kn, 1.0
             ref = scale * (l.double() @ r_kn.double())
             if drop:
                 ref = torch.where(mask, ref / (1 - P), torch.zeros_like(ref))
@@ -111,13 +109,13 @@ def main():
             print(f"lora-expand {KIND} tokens {tokens} n {n} r {r} {name}: torch {peer * 1e6:.1f} us ({moved / peer / 1e9:.0f} GB/s), rel err {err(peer_out, ref):.2e}", flush=True)
             for v in variants:
                 out = torch.full((tokens, n), float("nan"), device="cuda", dtype=DTYPE)
-                v.run(l, rt, nk, res, out, scale, drop)
+                v.run(l, a_kn, res, out, scale, drop)
                 torch.cuda.synchronize()
                 e = err(out, ref)
                 ok = e <= 2 * err(peer_out, ref) + 8e-3
-                t = gpu_seconds(lambda: v.run(l, rt, nk, res, out, scale, drop), calls=100)
+                t = gpu_seconds(lambda: v.run(l, a_kn, res, out, scale, drop), calls=100)
                 print(f"  {v.name}: {t * 1e6:.1f} us ({peer / t:.2f}x torch, {moved / t / 1e9:.0f} GB/s), rel err {e:.2e} {'ok' if ok else 'FAILED'}", flush=True)
-        del l, b_nk, a_kn, c, mask
+        del l, a_kn, c, mask
         torch.cuda.empty_cache()
 
 

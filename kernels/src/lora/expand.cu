@@ -1,8 +1,10 @@
-// LoRA's products that expand a rank-r operand to the full width: `out = dropout(s · L · R) + C`
-// with `L` `[tokens, r]` and `R` `[r, n]` — the forward's `y = base + s · h · Bᵀ` (`R` = `Bᵀ`,
-// stored as `B` `[n, r]`: KILN_R_NK) and the backward's input gradient `dx = dropout(dh · A) +
-// prior` (`R` = `A` `[r, n]`). As GEMMs these are output-bound products with K = r that cuBLASLt
-// ran at 1.7–1.9 TB/s of writes (17–19 µs for a 4096² output, H200, fiftieth session).
+// LoRA's input gradient `dx = dropout(dh · A) + prior` in one pass: `L` (`dh`, `[tokens, r]`)
+// expanded to the full width by `R` (`A`, `[r, n]`), scaled, dropped out and added to `C` (the
+// gradient of `x` registered before, when there is one). As a GEMM, a dropout kernel and an add
+// this wrote (and read) the full-width tensor three times; the GEMM alone, output-bound with K =
+// r, ran at 1.7 TB/s of writes (18.7 µs for a 4096² output, H200, fiftieth session). The forward's
+// `y = base + s · h · Bᵀ` ran through the same loop measured slower in whole steps at 4096 →
+// 11008 (+27 µs a step, same session) and stays with cuBLASLt.
 //
 // A warp owns 64 output columns (eight MMA n-tiles): it loads their B fragments of `R` once,
 // into registers, and walks its cube's tokens 16 rows at a time. A step loads the rows' `C` in
@@ -17,8 +19,7 @@
 // issued while the one before is stored. Rows past `tokens` read zeros and are not stored.
 //
 // Layouts: dense row-major, 16-byte aligned, `n` and `r` multiples of 8. Defines: KILN_KIND
-// (1 f16, 2 bf16; KILN_OUT_KIND the same), KILN_R (r), KILN_R_NK (1: `R` given as `[n, r]`),
-// KILN_DROPOUT and KILN_RESIDUAL (0 or 1). kiln places `hopper/common.cuh`, `cuda_out.cuh` and
+// (1 f16, 2 bf16; KILN_OUT_KIND the same), KILN_R (r), KILN_DROPOUT and KILN_RESIDUAL (0 or 1). kiln places `hopper/common.cuh`, `cuda_out.cuh` and
 // `lora/mma.cuh` before this source.
 
 #define KILN_KSTEPS ((KILN_R + 15) / 16)
@@ -38,11 +39,7 @@ struct ExpandParams {
 // The pair of `R` elements (k, k + 1) of column `c`, zero past `r`.
 __device__ __forceinline__ u32 expand_b(const u16* __restrict__ rt, u32 k, u32 c, u32 n) {
     if (k >= KILN_R) return 0;
-#if KILN_R_NK
-    return *reinterpret_cast<const u32*>(rt + (size_t)c * KILN_R + k);
-#else
     return (u32)rt[(size_t)k * n + c] | ((u32)rt[(size_t)(k + 1) * n + c] << 16);
-#endif
 }
 
 // A warp's staged 16 × 64 tile of f32 products: rows padded to 72 floats.

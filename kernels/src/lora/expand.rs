@@ -1,10 +1,9 @@
-//! LoRA's products that expand a rank-r operand to the full width, `out = dropout(s · L · R) + C`
-//! (`expand.cu`): the forward's `y = base + s · h · Bᵀ` and the backward's `dx = dropout(dh · A) +
-//! prior`, one pass that writes the output once (and reads the residual once) instead of a GEMM,
-//! a dropout kernel and an add. At 4096 tokens, rank 16, 4096 features (H200, fiftieth session):
-//! 13.4–14.2 µs for `dx` against 18.7 for kiln's cuBLASLt product, 23–24 µs for a dropped-out `dx`
-//! with the prior against ~34 for the product and the dropout kernel. Launched through CubeCL's
-//! CUDA runtime ([`crate::cuda_source`]).
+//! LoRA's input gradient `dx = dropout(dh · A) + prior` in one pass on CUDA (`expand.cu`): the
+//! rank-r `dh` expanded to the full width, dropped out and added to the gradient registered
+//! before, writing `dx` once instead of a GEMM, a dropout kernel and an add. At 4096 tokens, rank
+//! 16, 4096 features (H200, fiftieth session): 13.4–14.2 µs without the dropout and the prior
+//! against 18.7 for kiln's cuBLASLt product; 23–24 µs with both, against ~34 for the product and
+//! the dropout kernel alone. Launched through CubeCL's CUDA runtime ([`crate::cuda_source`]).
 
 use cubecl::cuda::CudaRuntime;
 use cubecl::prelude::*;
@@ -32,15 +31,6 @@ pub fn enabled() -> bool {
     crate::measurement_override("KILN_LORA_EXPAND", 0..=1) != Some(0)
 }
 
-/// Which layout the right operand comes in: `B` `[n, r]` (the forward, `R = Bᵀ`) or `A` `[r, n]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Right {
-    /// `[n, r]`, used transposed.
-    Rows,
-    /// `[r, n]`.
-    Columns,
-}
-
 /// One expanding product's grid: column groups of a cube, and cubes along the 16-row tiles
 /// (sized to the device's resident cubes; a cube strides over the tiles).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,9 +54,8 @@ impl ExpandPlan {
     }
 }
 
-/// The bindings of one product: `L` `[tokens, r]`, the right operand (see [`Right`]), the residual
-/// `C` `[tokens, n]` where there is one, and the output `[tokens, n]`: dense, 16-byte aligned, one
-/// element kind.
+/// The bindings of one product: `L` `[tokens, r]`, `R` `[r, n]`, the residual `C` `[tokens, n]`
+/// where there is one, and the output `[tokens, n]`: dense, 16-byte aligned, one element kind.
 pub struct ExpandArgs {
     pub l: Binding,
     pub right: Binding,
@@ -75,9 +64,9 @@ pub struct ExpandArgs {
 }
 
 fn source(params: &[u32]) -> String {
-    let [kind, r, rows_layout, dropout, residual] = params else { unreachable!("five lora expand parameters") };
+    let [kind, r, dropout, residual] = params else { unreachable!("four lora expand parameters") };
     format!(
-        "#define KILN_KIND {kind}\n#define KILN_OUT_KIND {kind}\n#define KILN_R {r}\n#define KILN_R_NK {rows_layout}\n#define KILN_DROPOUT {dropout}\n#define KILN_RESIDUAL {residual}\n{COMMON}\n{OUT_ELEMENT}\n{}\n{SOURCE}",
+        "#define KILN_KIND {kind}\n#define KILN_OUT_KIND {kind}\n#define KILN_R {r}\n#define KILN_DROPOUT {dropout}\n#define KILN_RESIDUAL {residual}\n{COMMON}\n{OUT_ELEMENT}\n{}\n{SOURCE}",
         super::MMA
     )
 }
@@ -86,15 +75,15 @@ fn source(params: &[u32]) -> String {
 /// row-major indices). The caller made `plan` for these sizes and checked a device of compute
 /// capability 8.0 or up.
 #[allow(clippy::too_many_arguments)]
-pub fn launch_expand(client: &ComputeClient<CudaRuntime>, kind: FloatKind, plan: ExpandPlan, [tokens, n, r]: [usize; 3], right: Right, scale: f32, dropout: Option<DropoutMask>, args: ExpandArgs) {
-    let ExpandArgs { l, right: rt, residual, out } = args;
-    let params = vec![kind as u32, r as u32, (right == Right::Rows) as u32, dropout.is_some() as u32, residual.is_some() as u32];
+pub fn launch_expand(client: &ComputeClient<CudaRuntime>, kind: FloatKind, plan: ExpandPlan, [tokens, n, r]: [usize; 3], scale: f32, dropout: Option<DropoutMask>, args: ExpandArgs) {
+    let ExpandArgs { l, right, residual, out } = args;
+    let params = vec![kind as u32, r as u32, dropout.is_some() as u32, residual.is_some() as u32];
     let kernel = CudaSourceKernel { entry: "kiln_lora_expand", key: (FINGERPRINT, params), cube_dim: CubeDim::new_1d((WARPS * 32) as u32), shared_bytes: 0, source };
     let mask = dropout.unwrap_or(DropoutMask { key: 0, threshold: 0, scale: 1.0 });
     // `expand.cu`'s `ExpandParams`; without a residual `L` stands in for `C` (never read).
     let scalars = [tokens as u32, n as u32, scale.to_bits(), mask.key, mask.threshold, mask.scale.to_bits()];
     let c = residual.unwrap_or_else(|| l.clone());
-    kernel.launch(client, CubeCount::Static(plan.columns as u32, plan.rows as u32, 1), vec![l, rt, c, out], &scalars);
+    kernel.launch(client, CubeCount::Static(plan.columns as u32, plan.rows as u32, 1), vec![l, right, c, out], &scalars);
 }
 
 #[cfg(test)]

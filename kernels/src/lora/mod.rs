@@ -4,8 +4,7 @@
 //! also computed on the host ([`keeps`]) for the reference, so every path drops the same elements.
 //!
 //! On CUDA, [`dy`] fuses the backward's two products that read the output gradient, and
-//! [`expand`] runs the products that expand a rank-r operand to the full width (with the residual
-//! and the dropout in the same pass).
+//! [`expand`] the input gradient's product with its dropout and the gradient registered before.
 
 #[cfg(feature = "cuda")]
 pub mod dy;

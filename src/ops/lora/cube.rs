@@ -1,7 +1,7 @@
 //! LoRA on CubeCL backends: the products through the backend's GEMM (the trait's defaults), the
 //! dropout as one elementwise kernel, and on CUDA the backward's pair of products that read `dy`
-//! as one kernel (`kiln_kernels::lora::dy`) and the products that expand to the full width as one
-//! pass each (`kiln_kernels::lora::expand`).
+//! as one kernel (`kiln_kernels::lora::dy`) and its `dx = dropout(dh · A) + prior` as one pass
+//! (`kiln_kernels::lora::expand`).
 
 use burn::tensor::{Shape, TensorMetadata, ops::FloatTensor};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
@@ -31,7 +31,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> LoraBacken
 
     fn lora_expand(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>, residual: Option<FloatTensor<Self>>, spec: ExpandSpec, out: Shape) -> FloatTensor<Self> {
         #[cfg(feature = "cuda")]
-        if let Some(fused) = fused::expand_takes(&lhs, &rhs, residual.as_ref(), &out) {
+        if let Some(fused) = fused::expand_takes(&lhs, &rhs, residual.as_ref(), &spec, &out) {
             return fused::expand(fused, lhs, rhs, residual, spec, out);
         }
         products::expand::<Self>(products::backend_gemm::<Self>, Self::lora_dropout, lhs, rhs, residual, spec, out)
@@ -46,7 +46,7 @@ mod fused {
     use kiln_kernels::cuda_source::FloatKind;
     use burn::tensor::Shape;
     use kiln_kernels::lora::dy::{self, DyArgs, DyPlan, launch_dy_products};
-    use kiln_kernels::lora::expand::{self, ExpandArgs, ExpandPlan, Right, launch_expand};
+    use kiln_kernels::lora::expand::{self, ExpandArgs, ExpandPlan, launch_expand};
 
     use super::ExpandSpec;
 
@@ -88,12 +88,13 @@ mod fused {
         (dh, db)
     }
 
-    /// The element kind and the plan, if the expanding kernel takes the product: f16 or bf16 (the
-    /// right operand's and residual's dtype the same) on a CUDA device of compute capability 8.0 or up, sizes
+    /// The element kind and the plan, if the expanding kernel takes the product: the backward's
+    /// `dx` (`rhs` `A` `[r, in]`; the forward's `y` measured slower through it, `expand.cu`), f16
+    /// or bf16 (the right operand's and residual's dtype the same) on a CUDA device of compute capability 8.0 or up, sizes
     /// [`ExpandPlan::new`] takes, and the kernel [`expand::enabled`].
-    pub(super) fn expand_takes<R: CubeRuntime>(lhs: &CubeTensor<R>, rhs: &CubeTensor<R>, residual: Option<&CubeTensor<R>>, out: &Shape) -> Option<(FloatKind, ExpandPlan)> {
+    pub(super) fn expand_takes<R: CubeRuntime>(lhs: &CubeTensor<R>, rhs: &CubeTensor<R>, residual: Option<&CubeTensor<R>>, spec: &ExpandSpec, out: &Shape) -> Option<(FloatKind, ExpandPlan)> {
         let kind = cuda::float_kind(lhs.dtype)?;
-        if !expand::enabled() || rhs.dtype != lhs.dtype || residual.is_some_and(|c| c.dtype != lhs.dtype) || !cuda::capable(lhs, (8, 0)) {
+        if !expand::enabled() || spec.rhs_transposed || rhs.dtype != lhs.dtype || residual.is_some_and(|c| c.dtype != lhs.dtype) || !cuda::capable(lhs, (8, 0)) {
             return None;
         }
         let sms = cuda::client(lhs)?.properties().hardware.num_streaming_multiprocessors.unwrap_or(1) as usize;
@@ -101,7 +102,7 @@ mod fused {
         ExpandPlan::new(kind, rows, n, r, sms).map(|plan| (kind, plan))
     }
 
-    /// `dropout(s · lhs · op(rhs)) + residual` by the expanding kernel (`expand_takes` said yes).
+    /// `dropout(s · lhs · rhs) + residual` by the expanding kernel (`expand_takes` said yes).
     pub(super) fn expand<R: CubeRuntime>(
         (kind, plan): (FloatKind, ExpandPlan),
         lhs: CubeTensor<R>,
@@ -113,10 +114,9 @@ mod fused {
         let (lhs, rhs, residual) = (aligned(lhs), aligned(rhs), residual.map(aligned));
         let client = cuda::client(&lhs).expect("`expand_takes` checked the runtime");
         let (n, [rows, r]) = (out[out.num_dims() - 1], lhs.shape().dims());
-        let right = if spec.rhs_transposed { Right::Rows } else { Right::Columns };
         let result = empty_like_device(&lhs, out, lhs.dtype);
         let args = ExpandArgs { l: binding(&lhs), right: binding(&rhs), residual: residual.as_ref().map(binding), out: binding(&result) };
-        launch_expand(client, kind, plan, [rows, n, r], right, spec.scale, spec.dropout, args);
+        launch_expand(client, kind, plan, [rows, n, r], spec.scale, spec.dropout, args);
         result
     }
 }
