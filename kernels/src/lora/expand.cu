@@ -2,9 +2,10 @@
 // expanded to the full width by `R` (`A`, `[r, n]`), scaled, dropped out and added to `C` (the
 // gradient of `x` registered before, when there is one). As a GEMM, a dropout kernel and an add
 // this wrote (and read) the full-width tensor three times; the GEMM alone, output-bound with K =
-// r, ran at 1.7 TB/s of writes (18.7 µs for a 4096² output, H200, fiftieth session). The forward's
-// `y = base + s · h · Bᵀ` ran through the same loop measured slower in whole steps at 4096 →
-// 11008 (+27 µs a step, same session) and stays with cuBLASLt.
+// r, ran at 1.7 TB/s of writes (18.7 µs for a 4096² output, H200, fiftieth session). kiln runs
+// it with a dropout only: without one, cuBLASLt's single product (the prior as its `C`) measured
+// as fast or faster in whole steps, and the forward's `y = base + s · h · Bᵀ` through the same
+// loop slower (+27 µs a step at 4096 → 11008; same session).
 //
 // A warp owns 64 output columns (eight MMA n-tiles): it loads their B fragments of `R` once,
 // into registers, and walks its cube's tokens 16 rows at a time. A step loads the rows' `C` in

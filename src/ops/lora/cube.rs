@@ -1,7 +1,7 @@
 //! LoRA on CubeCL backends: the products through the backend's GEMM (the trait's defaults), the
 //! dropout as one elementwise kernel, and on CUDA the backward's pair of products that read `dy`
-//! as one kernel (`kiln_kernels::lora::dy`) and its `dx = dropout(dh · A) + prior` as one pass
-//! (`kiln_kernels::lora::expand`).
+//! as one kernel (`kiln_kernels::lora::dy`) and, with a dropout, its `dx = dropout(dh · A) +
+//! prior` as one pass (`kiln_kernels::lora::expand`).
 
 use burn::tensor::{Shape, TensorMetadata, ops::FloatTensor};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
@@ -89,12 +89,14 @@ mod fused {
     }
 
     /// The element kind and the plan, if the expanding kernel takes the product: the backward's
-    /// `dx` (`rhs` `A` `[r, in]`; the forward's `y` measured slower through it, `expand.cu`), f16
-    /// or bf16 (the right operand's and residual's dtype the same) on a CUDA device of compute capability 8.0 or up, sizes
-    /// [`ExpandPlan::new`] takes, and the kernel [`expand::enabled`].
+    /// `dx` with a dropout (`rhs` `A` `[r, in]`), where it replaces the product, the dropout
+    /// kernel and the add; f16 or bf16 (the right operand's and residual's dtype the same) on a
+    /// CUDA device of compute capability 8.0 or up, sizes [`ExpandPlan::new`] takes, and the
+    /// kernel [`expand::enabled`]. Without a dropout cuBLASLt's one product (the prior its `C`)
+    /// measured as fast or faster in whole steps, and the forward's `y` slower (`expand.cu`).
     pub(super) fn expand_takes<R: CubeRuntime>(lhs: &CubeTensor<R>, rhs: &CubeTensor<R>, residual: Option<&CubeTensor<R>>, spec: &ExpandSpec, out: &Shape) -> Option<(FloatKind, ExpandPlan)> {
         let kind = cuda::float_kind(lhs.dtype)?;
-        if !expand::enabled() || spec.rhs_transposed || rhs.dtype != lhs.dtype || residual.is_some_and(|c| c.dtype != lhs.dtype) || !cuda::capable(lhs, (8, 0)) {
+        if !expand::enabled() || spec.rhs_transposed || spec.dropout.is_none() || rhs.dtype != lhs.dtype || residual.is_some_and(|c| c.dtype != lhs.dtype) || !cuda::capable(lhs, (8, 0)) {
             return None;
         }
         let sms = cuda::client(lhs)?.properties().hardware.num_streaming_multiprocessors.unwrap_or(1) as usize;

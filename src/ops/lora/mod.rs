@@ -7,8 +7,9 @@
 //! output in the second product's epilogue (alpha = `s`, the base as C). The backward keeps `h`
 //! from the forward, takes the rank-r products first (`dh = s · dy · B`, `dB = s · dyᵀ · h`, then
 //! `dA = dhᵀ · dropout(x)` and `dx = dropout(dh · A)`): never a `[out, in]` product. On CUDA the
-//! first two are one kernel that reads `dy` once (`kiln_kernels::lora::dy`), and `dx` with its
-//! dropout and any gradient of `x` registered before is one pass (`kiln_kernels::lora::expand`).
+//! first two are one kernel that reads `dy` once (`kiln_kernels::lora::dy`), and with a dropout
+//! `dx`, its dropout and any gradient of `x` registered before are one pass
+//! (`kiln_kernels::lora::expand`); without one the prior is the `dx` product's `C`.
 //! The dropout mask is a hash of the element index and a seed (`kiln_kernels::lora`), rebuilt in
 //! the backward instead of stored.
 
