@@ -2,8 +2,9 @@
 //! and `B` (`h`, the forward's `[rows, r]` product, is reused by `dB`), and its backward passes
 //! `dy` on to the base unchanged. A gradient of `x` another consumer registered before (q/k/v and
 //! gate/up projections share their input) becomes the `dx` product's residual instead of a
-//! separate add, as in `ops::matmul`'s backward. The stand-alone dropout is a node of its own whose backward is
-//! the same dropout (it is linear and its own adjoint), the mask rebuilt from the seed.
+//! separate add, as in `ops::matmul`'s backward. The stand-alone dropout is a node of its own
+//! whose backward is the same dropout (it is linear and its own adjoint), the mask rebuilt from
+//! the seed.
 
 use burn::backend::autodiff::{
     Autodiff,

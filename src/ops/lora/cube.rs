@@ -38,13 +38,12 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> LoraBacken
     }
 }
 
-/// The fused pair on CUDA's tensor cores.
+/// The `dy` pair and the one-pass `dx` on CUDA's tensor cores.
 #[cfg(feature = "cuda")]
 mod fused {
-    use burn::tensor::{DType, TensorMetadata};
+    use burn::tensor::{DType, Shape, TensorMetadata};
     use burn_cubecl::{CubeRuntime, tensor::CubeTensor};
     use kiln_kernels::cuda_source::FloatKind;
-    use burn::tensor::Shape;
     use kiln_kernels::lora::dy::{self, DyArgs, DyPlan, launch_dy_products};
     use kiln_kernels::lora::expand::{self, ExpandArgs, ExpandPlan, launch_expand};
 
@@ -54,7 +53,7 @@ mod fused {
     use crate::backend::cube::{dense, empty_like_device};
 
     /// The element kind and the plan, if the kernel takes the pair: f16 or bf16 on a CUDA device
-    /// of compute capability 8.0 or up, sizes [`DyPlan::new`] takes, and the kernel [`enabled`].
+    /// of compute capability 8.0 or up, sizes [`DyPlan::new`] takes, and the kernel [`dy::enabled`].
     pub(super) fn takes<R: CubeRuntime>(dy: &CubeTensor<R>, h: &CubeTensor<R>, b: &CubeTensor<R>) -> Option<(FloatKind, DyPlan)> {
         let kind = cuda::float_kind(dy.dtype)?;
         if !dy::enabled() || h.dtype != dy.dtype || b.dtype != dy.dtype || !cuda::capable(dy, (8, 0)) {
