@@ -119,23 +119,25 @@ pub fn step_trace(device: &CudaDevice, rounds: usize) {
 /// rounded inputs, rounded once), under the error rule. Seconds, where the op's autodiff parity
 /// compiles Burn's reference kernels for minutes on a fresh machine. Cases: one token, tokens and
 /// features off the kernel's tiles, ranks 8 and 16, a full 4096² product, and rank 32 (past
-/// `MAX_RANK`: the GEMM pair).
+/// `MAX_RANK`: the GEMM pair). On `CubeBackend` itself: under Burn's fusion the op runs as part of
+/// LoRA's recorded backward, and a direct call would take the trait's GEMM default.
 pub fn dy_parity(device: &CudaDevice) -> bool {
     use burn::tensor::{TensorPrimitive, bf16, f16};
     use kiln::ops::lora::LoraBackend;
+    use super::Cube;
     use super::common::{compare, poison, random, tensor, values};
 
     let round = |v: f32, dtype: DType| if dtype == DType::F16 { f16::from_f32(v).to_f64() } else { bf16::from_f32(v).to_f64() };
     let mut ok = true;
     for dtype in [DType::BF16, DType::F16] {
         for (tokens, out, r, seed) in [(1, 4096, 16, 1), (300, 1000, 16, 2), (258, 4104, 8, 3), (517, 96, 8, 4), (4096, 4096, 16, 5), (300, 1000, 32, 6)] {
-            poison::<B>(device, 3 * tokens * out, dtype);
+            poison::<Cube>(device, 3 * tokens * out, dtype);
             let scale = 2.0f32;
-            let [dy, h, b] = [[tokens, out], [tokens, r], [out, r]].map(|shape| tensor::<B, 2>(&random(&shape, seed * 7 + shape[1] as u64), dtype, device));
+            let [dy, h, b] = [[tokens, out], [tokens, r], [out, r]].map(|shape| tensor::<Cube, 2>(&random(&shape, seed * 7 + shape[1] as u64), dtype, device));
             let [dy_h, h_h, b_h] = [&dy, &h, &b].map(|t| values(t.clone()));
-            let prim = |t: Tensor<B, 2>| t.into_primitive().tensor();
-            let (dh, db) = B::lora_dy_products(prim(dy), prim(h), prim(b), scale);
-            let kernel = [dh, db].map(|t| values(Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(t))));
+            let prim = |t: Tensor<Cube, 2>| t.into_primitive().tensor();
+            let (dh, db) = Cube::lora_dy_products(prim(dy), prim(h), prim(b), scale);
+            let kernel = [dh, db].map(|t| values(Tensor::<Cube, 2>::from_primitive(TensorPrimitive::Float(t))));
             // `(i, j)` of `dh` sums `dy[i, k] · B[k, j]` over `k < out`; of `dB`, `dy[k, i] · h[k, j]` over `k < tokens`.
             let products = |rows: usize, depth: usize, left: &dyn Fn(usize, usize) -> f64, right: &dyn Fn(usize, usize) -> f64| {
                 let (mut exact, mut same) = (vec![0.0; rows * r], vec![0.0; rows * r]);
@@ -174,10 +176,11 @@ pub fn dy_parity(device: &CudaDevice) -> bool {
 /// residual in f32, rounded once), under the error rule. Cases: the forward's `base + s · h · Bᵀ`
 /// and the backward's `dx = dropout(dh · A) + prior` with and without the dropout and the prior,
 /// one token, tokens and features off the tiles, ranks 8 and 16, 4096², and rank 32 (past
-/// `MAX_RANK`: the GEMM path).
+/// `MAX_RANK`: the GEMM path). On `CubeBackend` itself, as [`dy_parity`].
 pub fn expand_parity(device: &CudaDevice) -> bool {
     use burn::tensor::{Shape, TensorPrimitive, bf16, f16};
     use kiln::ops::lora::{DropoutMask, ExpandSpec, LoraBackend};
+    use super::Cube;
     use super::common::{compare, poison, random, tensor, values};
 
     let round = |v: f32, dtype: DType| if dtype == DType::F16 { f16::from_f32(v).to_f64() } else { bf16::from_f32(v).to_f64() };
@@ -194,17 +197,17 @@ pub fn expand_parity(device: &CudaDevice) -> bool {
     let mut ok = true;
     for dtype in [DType::BF16, DType::F16] {
         for (seed, &(tokens, n, r, transposed, with_residual, p)) in (1u64..).zip(&cases) {
-            poison::<B>(device, 2 * tokens * n, dtype);
+            poison::<Cube>(device, 2 * tokens * n, dtype);
             let dropout = (p > 0.0).then(|| DropoutMask::new(p, seed));
             let spec = ExpandSpec { rhs_transposed: transposed, scale: if transposed { 2.0 } else { 1.0 }, dropout };
             let rhs_shape = if transposed { [n, r] } else { [r, n] };
-            let input = |shape: [usize; 2], salt: u64, std: f64| tensor::<B, 2>(&random(&shape, seed * 7 + salt), dtype, device) * std;
+            let input = |shape: [usize; 2], salt: u64, std: f64| tensor::<Cube, 2>(&random(&shape, seed * 7 + salt), dtype, device) * std;
             let (l, rhs, c) = (input([tokens, r], 1, 1.0), input(rhs_shape, 2, 0.25), with_residual.then(|| input([tokens, n], 3, 1.0)));
             let [l_h, rhs_h] = [&l, &rhs].map(|t| values(t.clone()));
             let c_h = c.as_ref().map(|t| values(t.clone()));
-            let prim = |t: Tensor<B, 2>| t.into_primitive().tensor();
-            let out = B::lora_expand(prim(l), prim(rhs), c.map(prim), spec, Shape::new([tokens, n]));
-            let got = values(Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(out)));
+            let prim = |t: Tensor<Cube, 2>| t.into_primitive().tensor();
+            let out = Cube::lora_expand(prim(l), prim(rhs), c.map(prim), spec, Shape::new([tokens, n]));
+            let got = values(Tensor::<Cube, 2>::from_primitive(TensorPrimitive::Float(out)));
             let right = |k: usize, j: usize| if transposed { rhs_h[j * r + k] } else { rhs_h[k * n + j] };
             let (mut exact, mut same) = (vec![0.0; tokens * n], vec![0.0; tokens * n]);
             for i in 0..tokens {
