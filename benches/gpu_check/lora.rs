@@ -115,12 +115,12 @@ pub fn step_trace(device: &CudaDevice, rounds: usize) {
 }
 
 /// The backward's `dy` products (`dh = s·dy·B`, `dB = s·dyᵀ·h`; fused on CUDA in f16/bf16) on
-/// `Cuda` against f64 on the host, next to the same-precision path of a GEMM (f32 sums of the
-/// rounded inputs, rounded once), under the error rule. Seconds, where the op's autodiff parity
-/// compiles Burn's reference kernels for minutes on a fresh machine. Cases: one token, tokens and
-/// features off the kernel's tiles, ranks 8 and 16, a full 4096² product, and rank 32 (past
-/// `MAX_RANK`: the GEMM pair). On `CubeBackend` itself: under Burn's fusion the op runs as part of
-/// LoRA's recorded backward, and a direct call would take the trait's GEMM default.
+/// CUDA's `CubeBackend` against f64 on the host, next to the same-precision path of a GEMM (f32
+/// sums of the rounded inputs, rounded once), under the error rule. `CubeBackend` itself, not
+/// `Cuda`: under Burn's fusion the op runs inside LoRA's recorded backward, and a direct call takes
+/// the trait's GEMM default. Seconds, where the op's autodiff parity compiles Burn's reference
+/// kernels for minutes on a fresh machine. Cases: one token, tokens and features off the kernel's
+/// tiles, ranks 8 and 16, a full 4096² product, and rank 32 (past `MAX_RANK`: the GEMM pair).
 pub fn dy_parity(device: &CudaDevice) -> bool {
     use burn::tensor::{TensorPrimitive, bf16, f16};
     use kiln::ops::lora::LoraBackend;
@@ -171,12 +171,13 @@ pub fn dy_parity(device: &CudaDevice) -> bool {
 }
 
 /// The products that expand a rank-r operand to the full width (`out = dropout(s · L · R) + C`;
-/// the backward's `dx` on CUDA in f16/bf16 one kernel, `kiln_kernels::lora::expand`, the forward's
-/// `y` the GEMM) on `Cuda` against f64 on the host, next to the same-precision path (f32 sums of the rounded inputs, the dropout and the
-/// residual in f32, rounded once), under the error rule. Cases: the forward's `base + s · h · Bᵀ`
-/// and the backward's `dx = dropout(dh · A) + prior` with and without the dropout and the prior,
-/// one token, tokens and features off the tiles, ranks 8 and 16, 4096², and rank 32 (past
-/// `MAX_RANK`: the GEMM path). On `CubeBackend` itself, as [`dy_parity`].
+/// on CUDA in f16/bf16 the backward's dropped-out `dx` is one kernel, `kiln_kernels::lora::expand`,
+/// the rest the GEMM) on CUDA's `CubeBackend` (as [`dy_parity`]) against f64 on the host, next to
+/// the same-precision path (f32 sums of the rounded inputs, the dropout and the residual in f32,
+/// rounded once), under the error rule. Cases: the forward's `base + s · h · Bᵀ` and the
+/// backward's `dx = dropout(dh · A) + prior` with and without the dropout and the prior, one token,
+/// tokens and features off the tiles, ranks 8 and 16, 4096², and rank 32 (past `MAX_RANK`: the
+/// GEMM path).
 pub fn expand_parity(device: &CudaDevice) -> bool {
     use burn::tensor::{Shape, TensorPrimitive, bf16, f16};
     use kiln::ops::lora::{DropoutMask, ExpandSpec, LoraBackend};
