@@ -673,6 +673,9 @@ fn main() {
     if mode == "nf4" || mode == "nf4-gemv-parity" || mode == "all" {
         ok &= nf4::gemv_parity(&device);
     }
+    if mode == "nf4" || mode == "nf4-gemm-parity" || mode == "all" {
+        ok &= nf4::gemm_parity(&device);
+    }
     if mode == "nf4" || mode == "all" {
         ok &= nf4::exact_quantization(&device);
     }
@@ -741,6 +744,9 @@ fn main() {
     }
     if mode == "sketch" || mode == "sketch-bench" || mode == "bench" || mode == "all" {
         sketch::bench(&device);
+    }
+    if mode == "nf4-prefill" {
+        nf4::bench_prefill(&device);
     }
     if mode == "nf4-gemv" {
         nf4::bench_gemv(&device);

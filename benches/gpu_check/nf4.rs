@@ -10,6 +10,7 @@ use burn::tensor::{DType, Distribution, Tensor};
 use burn_cubecl::CubeBackend;
 use cubecl::cuda::CudaRuntime;
 use kiln::ops::{self, nf4::{Packed4, QuantType, Quantized4}};
+use kiln_kernels::cuda_source::FloatKind;
 
 use super::common::{self, checks::Nf4Case};
 use super::{B, bf16};
@@ -39,14 +40,43 @@ pub fn parity_cases() -> Vec<Nf4Case> {
     ]
 }
 
+/// Products on the Hopper GEMM (`kiln_kernels::nf4::wgmma`): ragged rows and features, plain and
+/// nested scales, blocks of 64 to 4096, NF4 and FP4, and launches whose reduction is split over
+/// clusters of two and three cubes (few tiles) or not (a full wave). Sizes keep the host's f64
+/// oracle within seconds.
+pub fn gemm_parity_cases() -> Vec<Nf4Case> {
+    let case = |m, k, n, kind, block, nested, seed| Nf4Case { m, k, n, kind, block, nested, seed };
+    vec![
+        case(9, 64, 1, QuantType::Nf4, 64, false, 21),
+        case(17, 576, 96, QuantType::Nf4, 64, true, 22),
+        case(300, 2560, 1000, QuantType::Nf4, 64, true, 23), // 16 tiles: three cubes a tile
+        case(512, 1024, 257, QuantType::Nf4, 4096, false, 24), // 2 blocks a cube at most: two
+        case(777, 1088, 4100, QuantType::Fp4, 128, true, 25), // 132 tiles: one
+        case(2048, 1024, 640, QuantType::Nf4, 256, true, 26),
+        case(1100, 1280, 300, QuantType::Nf4, 64, false, 27),
+    ]
+}
+
 /// The GEMV alone in half precision (on CUDA the tensor-core kernel where the shape allows,
 /// the portable one elsewhere), forward, against an f64 oracle of the same dequantized weight,
 /// with dequantize + Burn's matmul in the same dtype as the reference path for the error rule.
 /// The parity mode's autodiff cases take about a minute each on the H100 (the reference path's
 /// kernels compile per shape); this takes seconds, so every GEMV case runs in f16 and bf16.
 pub fn gemv_parity(device: &CudaDevice) -> bool {
+    let cases = parity_cases().into_iter().filter(|c| c.m <= kiln_kernels::nf4::mma::MMA_MAX_ROWS).collect();
+    product_parity(device, cases, "gemv")
+}
+
+/// [`gemv_parity`] for the Hopper GEMM's cases ([`gemm_parity_cases`]), each line naming the
+/// path that ran.
+pub fn gemm_parity(device: &CudaDevice) -> bool {
+    product_parity(device, gemm_parity_cases(), "gemm")
+}
+
+/// `matmul_4bit` on `CubeBackend` in bf16 and f16 for each case, against the f64 oracle.
+fn product_parity(device: &CudaDevice, cases: Vec<Nf4Case>, what: &str) -> bool {
     let mut ok = true;
-    for case in parity_cases().into_iter().filter(|c| c.m <= kiln_kernels::nf4::mma::MMA_MAX_ROWS) {
+    for case in cases {
         let packed = case.packed();
         let w: Vec<f64> = packed.dequantize().into_iter().map(f64::from).collect();
         let q = Quantized4::<Cube>::from_host(&packed, device).unwrap();
@@ -67,7 +97,8 @@ pub fn gemv_parity(device: &CudaDevice) -> bool {
             let bound = 2.0 * c.reference_err + 4.0 * common::unit_roundoff(dtype) * c.scale;
             let pass = c.kernel_err.is_finite() && c.kernel_err <= bound;
             println!(
-                "parity nf4 gemv {case:?} {dtype:?} kernel_err {:.3e} ref_err {:.3e} bound {bound:.3e} {}",
+                "parity nf4 {what} {case:?} {dtype:?} [{}] kernel_err {:.3e} ref_err {:.3e} bound {bound:.3e} {}",
+                path(m, n, k, case.block, dtype),
                 c.kernel_err,
                 c.reference_err,
                 if pass { "ok" } else { "FAIL" }
@@ -78,8 +109,19 @@ pub fn gemv_parity(device: &CudaDevice) -> bool {
     ok
 }
 
-/// The quantization kernel's codes and scales equal the host format's at Llama sizes (bf16 and
-/// f32 weights, plain and nested scales).
+/// Which product `matmul_4bit` takes for `m` rows of `dtype` against `[n, k]` on this H100/H200
+/// (the device checks pass there).
+fn path(m: usize, n: usize, k: usize, block: usize, dtype: DType) -> &'static str {
+    let kind = if dtype == DType::F16 { FloatKind::F16 } else { FloatKind::Bf16 };
+    if kiln_kernels::nf4::mma::enabled() && kiln_kernels::nf4::mma::mma_fits(kind, m, n, k, block) {
+        "tensor-core gemv"
+    } else if kiln_kernels::nf4::wgmma::serves(kind, m, n, k, block) {
+        "wgmma gemm"
+    } else {
+        "dequantize + gemm"
+    }
+}
+
 pub fn exact_quantization(device: &CudaDevice) -> bool {
     let mut ok = true;
     for (dtype, [n, k]) in [(DType::BF16, [4096, 4096]), (DType::F32, [11008, 4096]), (DType::BF16, [33, 520])] {
@@ -149,23 +191,30 @@ pub fn bench_gemv(device: &CudaDevice) {
     }
 }
 
-/// Prefill products (dequantize into a temporary, then cuBLASLt) next to the bf16 product.
+/// Prefill products next to the bf16 product: per call through Burn (fusion) and the GPU's own
+/// time (on `CubeBackend`, calls enqueued behind busy work), each line naming the path
+/// (`KILN_NF4_WGMMA=0` turns the Hopper GEMM off; `KILN_NF4_ROWS=512,1024` picks the rows).
 pub fn bench_prefill(device: &CudaDevice) {
+    let rows: Vec<usize> = std::env::var("KILN_NF4_ROWS").map(|v| v.split(',').filter_map(|r| r.parse().ok()).collect()).unwrap_or_else(|_| vec![512, 1024, 2048, 8192]);
     for (k, n) in PREFILL {
-        let w = weight::<B>(k, n, device);
-        let dense = bf16::<B, 2>([k, n], device);
-        for m in [512, 2048, 8192] {
-            let x = bf16::<B, 2>([m, k], device);
-            let t = super::time_adaptive(device, 0.1, 200, || ops::matmul_4bit(x.clone(), &w));
-            let bf = super::time_adaptive(device, 0.1, 200, || ops::matmul(x.clone(), dense.clone()));
+        let (w, wc) = (weight::<B>(k, n, device), weight::<Cube>(k, n, device));
+        let (dense, dense_c) = (bf16::<B, 2>([k, n], device), bf16::<Cube, 2>([k, n], device));
+        for &m in &rows {
+            let (x, xc) = (bf16::<B, 2>([m, k], device), bf16::<Cube, 2>([m, k], device));
+            let t = super::time_both(device, || ops::matmul_4bit(x.clone(), &w), || ops::matmul_4bit(xc.clone(), &wc));
+            let bf = super::time_both(device, || ops::matmul(x.clone(), dense.clone()), || ops::matmul(xc.clone(), dense_c.clone()));
             let flops = 2.0 * (m * k * n) as f64;
             println!(
-                "bench nf4 prefill m{m:<5} k{k:<6} n{n:<6} kiln nf4 {:8.3} ms ({:4.0} TF/s) | kiln bf16 {:8.3} ms ({:4.0} TF/s) | nf4/bf16 {:.2}x",
-                t * 1e3,
-                flops / t / 1e12,
-                bf * 1e3,
-                flops / bf / 1e12,
-                bf / t
+                "bench nf4 prefill m{m:<5} k{k:<6} n{n:<6} [{}] kiln nf4 {:8.4} ms/call, GPU {:8.4} ms ({:4.0} TF/s) | kiln bf16 {:8.4} ms/call, GPU {:8.4} ms ({:4.0} TF/s) | nf4/bf16 per call {:.2}x, GPU {:.2}x",
+                path(m, n, k, 64, DType::BF16),
+                t.per_call * 1e3,
+                t.gpu * 1e3,
+                flops / t.gpu / 1e12,
+                bf.per_call * 1e3,
+                bf.gpu * 1e3,
+                flops / bf.gpu / 1e12,
+                bf.per_call / t.per_call,
+                bf.gpu / t.gpu
             );
         }
     }

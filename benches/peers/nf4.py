@@ -4,7 +4,7 @@ of kiln's `nf4-bench` mode (benches/gpu_check/nf4.rs), in the same call:
     GPU's own time per product (300 calls queued behind `torch.cuda._sleep`, CUDA events);
     bitsandbytes' `matmul_4bit` takes its inference kernel (`gemv_4bit`) for one row and
     dequantize + matmul for more;
-  * prefill products at M = 512, 2048, 8192;
+  * prefill products at M = 512, 1024, 2048, 8192;
   * a QLoRA step's base layer, forward + input gradient, 4096 tokens, 4096 -> 11008.
 Arguments pick the parts (`gemv`, `prefill`, `qlora`; all by default). Prints lines starting with
 `peer nf4`."""
@@ -54,7 +54,7 @@ def gemv():
 def prefill():
     for k, n in PREFILL:
         w, q, state = quantized(k, n)
-        for m in (512, 2048, 8192):
+        for m in (512, 1024, 2048, 8192):
             x = torch.randn(m, k, device="cuda", dtype=bf)
             t = seconds(lambda: bnb.matmul_4bit(x, q.t(), quant_state=state), cap=200)
             bt = seconds(lambda: x @ w.t(), cap=200)

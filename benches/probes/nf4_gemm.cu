@@ -4,8 +4,9 @@
 // dequantize-then-cuBLASLt path by `nf4_gemm.py`. It is exact (within the error rule of cuBLAS on
 // the dequantized weight) but runs 490–540 TF/s on the H100, 0.62–0.68× torch's bf16 GEMM, where
 // the two-pass path reaches ~600 TF/s from M = 2048; at M = 512 it matches the two-pass path's
-// device time (`benches/RESULTS.md`, thirty-seventh session, has every variant). It stays a probe
-// until the lookups below stop bounding it.
+// device time (`benches/RESULTS.md`, thirty-seventh session, has every variant). kiln's kernel,
+// `kernels/src/nf4/gemm.cu` (fifty-first session), makes the weight's operand in registers by
+// `prmt` lookups in a scaled code book instead.
 //
 // Layout (`kernels/src/nf4/mod.rs`): bitsandbytes' bytes, two codes a byte, the even element in
 // the high nibble, the weight flattened row-major; one scale per block of `block` elements (a

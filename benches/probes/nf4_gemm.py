@@ -9,6 +9,8 @@ dequantization).
 
 Usage on the GPU machine, from the repository root:
     python3 benches/probes/nf4_gemm.py [variant.cu ...]   (default: nf4_gemm.cu)
+kiln's own kernel, `kernels/src/nf4/gemm.cu` (A made in registers), runs here too; a source's TOKS
+sets its activation tile.
 Environment: SHAPES (`m`x`n`x`k` list: x `[m, k]`, weight `[n, k]`), KINDS (1 f16, 2 bf16; default
 both on the first two shapes, bf16 after; timings are of the last kind), NESTED (0 or 1; default
 the first shape plain, the others double-quantized), BLOCK (default 64), SPLITS (KILN_SPLITS
@@ -29,7 +31,7 @@ SRC = os.path.join(HERE, "..", "..", "kernels", "src")
 SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ.get(
     "SHAPES", "300x1000x2560,17x64x192,512x4096x4096,512x11008x4096,512x4096x11008,2048x4096x4096,2048x11008x4096,2048x4096x11008,8192x4096x4096,8192x11008x4096").split(",")]
 DTYPES = {1: torch.float16, 2: torch.bfloat16}
-FEATS, TOKS = 128, 256
+FEATS = 128
 NF4 = [-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
        0.07958029955625534, 0.16093020141124725, 0.24611230850219727, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0]
 
@@ -56,11 +58,15 @@ class Variant:
             self.cache[(kind, nested)] = build(defines, headers, self.src, f"{self.name.replace(':', '_')}_{kind}_{nested}", "kiln_nf4_gemm")
         return self.cache[(kind, nested)]
 
+    def toks(self, kind, nested):
+        """The source's activation rows a tile (its TOKS)."""
+        return self.function(kind, nested)[3]
+
     def launch(self, kind, nested, m, n, k, block, bufs, stream):
-        fn, shared, threads, _ = self.function(kind, nested)
-        cubes = -(-m // TOKS) * -(-n // FEATS) * self.splits
+        fn, shared, threads, toks = self.function(kind, nested)
+        cubes = -(-m // toks) * -(-n // FEATS) * self.splits
         if self.multicast:
-            cubes = -(-m // TOKS) * -(-n // (2 * FEATS)) * 2
+            cubes = -(-m // toks) * -(-n // (2 * FEATS)) * 2
         u = cp.uint32
         fn((cubes,), (threads,), bufs + (u(m), u(n), u(k), u(block.bit_length() - 1)), shared_mem=shared, stream=stream)
 
@@ -110,7 +116,8 @@ def main():
             line += f" | kind {kind} cuBLAS err {torch_err:.2e}"
             for v in variants:
                 out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
-                x_map = tensor_map(x, TOKS // 2 if v.multicast else TOKS)
+                toks = v.toks(kind, nested)
+                x_map = tensor_map(x, toks // 2 if v.multicast else toks)
                 bufs = (cp.asarray(x_map), bits(x), cp.asarray(packed), cp.asarray(book)) + tuple(cp.asarray(t) for t in parts) + (bits(out),)
                 with stream:
                     v.launch(kind, nested, m, n, k, block, bufs, stream)

@@ -1,6 +1,7 @@
-//! CUDA C++ that kiln's Hopper kernels share (flash attention's `wgmma` kernels, the ternary
-//! GEMM): `common.cuh` (addresses, `cp.async`, wgmma descriptors and synchronization) first, then
-//! the warpgroup MMA wrappers a kernel uses, written out by `gen_wgmma.py`.
+//! CUDA C++ that kiln's Hopper kernels share (flash attention's `wgmma` kernels, the ternary and
+//! NF4 GEMMs): `common.cuh` (addresses, `cp.async`, wgmma descriptors and synchronization) first,
+//! then the warpgroup MMA wrappers a kernel uses, written out by `gen_wgmma.py`; and the GEMMs'
+//! rule for splitting a tile's reduction over a cluster ([`cluster_splits`]).
 
 /// Addresses, copies, descriptors, wgmma synchronization and register fences.
 pub const COMMON: &str = include_str!("common.cuh");
@@ -8,3 +9,24 @@ pub const COMMON: &str = include_str!("common.cuh");
 pub const WGMMA: &str = include_str!("wgmma.cuh");
 /// 8-bit integer wrappers (u8 × s8 → s32, both operands in shared memory).
 pub const WGMMA_INT: &str = include_str!("wgmma_int.cuh");
+
+/// Reduction blocks a cube takes at least when a tile's reduction is split.
+const SPLIT_MIN_BLOCKS: usize = 8;
+
+/// The most cubes that share a tile's reduction ([`cluster_splits`]).
+pub const MAX_SPLITS: usize = 3;
+
+/// Cubes (one cluster) that share the reduction of each of a launch's `tiles` tiles, `blocks`
+/// blocks long: 3 up to a quarter as many tiles as SMs, 2 up to half, else 1, and each cube
+/// [`SPLIT_MIN_BLOCKS`] or more. A launch of fewer tiles than half the SMs otherwise leaves SMs
+/// idle for its whole run: the GEMM at 512 rows against `[4096, 11008]` (64 tiles) ran 1.47×
+/// faster on two cubes a tile and 64 rows (32 tiles) 1.7× on three; the input gradient at 512 rows
+/// of `[11008, 4096]` (64 tiles of 256 rows) 1.50× faster on two cubes a tile than on 128-row
+/// tiles (thirty-seventh session). Cubes fill an SM each, and a cluster's must share a GPC: 32
+/// tiles on four cubes each (128) ran 1.6× slower than on three (96), and 40 tiles on three (120,
+/// launched after a whole wave of tiles) 1.2× slower than in that launch, unsplit; so three a tile
+/// stops at a quarter of the SMs (`benches/RESULTS.md`, thirty-sixth session).
+pub fn cluster_splits(tiles: usize, blocks: usize, sms: usize) -> usize {
+    let fit = if 4 * tiles <= sms { MAX_SPLITS } else if 2 * tiles <= sms { 2 } else { 1 };
+    fit.min(blocks / SPLIT_MIN_BLOCKS).max(1)
+}

@@ -13,10 +13,12 @@
 //! a multiple of its size, never straddles two blocks.
 //!
 //! The portable GEMV here serves every runtime; on CUDA [`mma`] runs half-precision products
-//! of up to eight rows on the tensor cores.
+//! of up to eight rows on the tensor cores, and on Hopper [`wgmma`] the prefill-sized ones.
 
 #[cfg(feature = "cuda")]
 pub mod mma;
+#[cfg(feature = "cuda")]
+pub mod wgmma;
 
 use cubecl::prelude::*;
 

@@ -15,7 +15,7 @@ use cubecl::prelude::*;
 
 use super::{MAX_K, PackedArgs, weight_row_words};
 use crate::cuda_source::{CudaSourceKernel, FloatKind, OUT_ELEMENT, fingerprint, swizzled_tile_map};
-use crate::hopper::{COMMON, WGMMA, WGMMA_INT};
+use crate::hopper::{COMMON, MAX_SPLITS, WGMMA, WGMMA_INT, cluster_splits};
 
 const SOURCE: &str = include_str!("gemm.cu");
 const FINGERPRINT: u64 = fingerprint(&[COMMON, WGMMA_INT, OUT_ELEMENT, SOURCE]);
@@ -55,27 +55,6 @@ fn fits(m: usize, n: usize, k: usize) -> bool {
 /// Tiles of a launch: one per (activation tile, weight tile).
 fn tiles(m: usize, n: usize) -> usize {
     m.div_ceil(TOKS) * n.div_ceil(FEATS)
-}
-
-/// Reduction blocks a cube takes at least when a tile's reduction is split.
-const SPLIT_MIN_BLOCKS: usize = 8;
-
-/// The most cubes that share a tile's reduction ([`cluster_splits`]).
-const MAX_SPLITS: usize = 3;
-
-/// Cubes (one cluster) that share the reduction of each of a launch's `tiles` tiles, `blocks`
-/// blocks long: 3 up to a quarter as many tiles as SMs, 2 up to half, else 1, and each cube
-/// [`SPLIT_MIN_BLOCKS`] or more. A launch of fewer tiles than half the SMs otherwise leaves SMs
-/// idle for its whole run: the GEMM at 512 rows against `[4096, 11008]` (64 tiles) ran 1.47×
-/// faster on two cubes a tile and 64 rows (32 tiles) 1.7× on three; the input gradient at 512 rows
-/// of `[11008, 4096]` (64 tiles of 256 rows) 1.50× faster on two cubes a tile than on 128-row
-/// tiles (thirty-seventh session). Cubes fill an SM each, and a cluster's must share a GPC: 32
-/// tiles on four cubes each (128) ran 1.6× slower than on three (96), and 40 tiles on three (120,
-/// launched after a whole wave of tiles) 1.2× slower than in that launch, unsplit; so three a tile
-/// stops at a quarter of the SMs (`benches/RESULTS.md`, thirty-sixth session).
-fn cluster_splits(tiles: usize, blocks: usize, sms: usize) -> usize {
-    let fit = if 4 * tiles <= sms { MAX_SPLITS } else if 2 * tiles <= sms { 2 } else { 1 };
-    fit.min(blocks / SPLIT_MIN_BLOCKS).max(1)
 }
 
 /// [`cluster_splits`] of the GEMM of `m` rows against `[n, k]` (k in blocks of 128 codes).

@@ -1,6 +1,7 @@
 //! 4-bit weights on CubeCL backends: quantization and dequantization kernels, the GEMV for few
-//! activation rows (on CUDA's tensor cores for f16/bf16, the portable kernel elsewhere), and
-//! dequantize-then-GEMM (kiln's `gemm`: cuBLASLt on CUDA) for more rows and for the input
+//! activation rows (on CUDA's tensor cores for f16/bf16, the portable kernel elsewhere), on
+//! Hopper a GEMM that makes the weight's operand in registers for prefill-sized products, and
+//! dequantize-then-GEMM (kiln's `gemm`: cuBLASLt on CUDA) for the rest and for the input
 //! gradient.
 
 use burn::tensor::{DType, Shape, TensorData, TensorMetadata, ops::{FloatTensor, FloatTensorOps}};
@@ -58,6 +59,10 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> Nf4Backend
         #[cfg(feature = "cuda")]
         if let Some(kind) = mma::takes(&x, weight.layout) {
             return mma::gemv(kind, dense(x), &dense_parts::<R, F, I, BT>(weight));
+        }
+        #[cfg(feature = "cuda")]
+        if let Some(kind) = mma::takes_gemm(&x, weight.layout) {
+            return mma::gemm(kind, dense(x), &dense_parts::<R, F, I, BT>(weight));
         }
         if !gemv_fits(m, k) {
             let dtype = x.dtype;
@@ -126,13 +131,15 @@ fn host_floats<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
     CubeBackend::<R, F, I, BT>::float_from_data(data, &like.device)
 }
 
-/// The tensor-core GEMV for half-precision activations on CUDA (`kiln_kernels::nf4::mma`).
+/// The tensor-core GEMV for half-precision activations on CUDA (`kiln_kernels::nf4::mma`) and
+/// the GEMM on Hopper's warpgroup MMA (`kiln_kernels::nf4::wgmma`).
 #[cfg(feature = "cuda")]
 mod mma {
     use burn::tensor::TensorMetadata;
     use burn_cubecl::{CubeRuntime, tensor::CubeTensor};
     use kiln_kernels::cuda_source::FloatKind;
     use kiln_kernels::nf4::mma::{MmaArgs, enabled, launch_gemv_mma, mma_fits};
+    use kiln_kernels::nf4::wgmma::{launch_gemm, serves};
 
     use super::{Layout4, Weight, scale_parts};
     use crate::backend::cube::cuda::{self, binding};
@@ -148,23 +155,49 @@ mod mma {
         (enabled() && aligned && mma_fits(kind, x.shape()[0], l.n, l.k, l.block) && cuda::client(x).is_some() && cuda::capable(x, (8, 0))).then_some(kind)
     }
 
-    /// Enqueues the product of a dense `x` (see [`takes`]) with `weight`.
-    pub(super) fn gemv<R: CubeRuntime>(kind: FloatKind, x: CubeTensor<R>, weight: &Weight<R>) -> CubeTensor<R> {
-        let client = cuda::client(&x).expect("`takes` checked the runtime");
-        let (m, l) = (x.shape()[0], weight.layout);
-        let out = empty_like_device(&x, [m, l.n], x.dtype);
-        let ([absmax, absmax_codes, nested_code, offset], nested) = scale_parts(weight);
-        let args = MmaArgs {
-            x: binding(&x),
+    /// The element kind, if the warpgroup-MMA GEMM takes `x · Wᵀ`: `x` f16 or bf16 on a CUDA
+    /// device of compute capability 9.0, its buffer 16-byte aligned (its tensor map needs it), and
+    /// a shape the kernel [`serves`].
+    pub(super) fn takes_gemm<R: CubeRuntime>(x: &CubeTensor<R>, l: Layout4) -> Option<FloatKind> {
+        let kind = cuda::float_kind(x.dtype)?;
+        let aligned = x.handle.offset_start.unwrap_or(0).is_multiple_of(16);
+        cuda::client(x)?;
+        let hopper = cuda::compute_capability(cuda::device_index(x)?)? == (9, 0);
+        (aligned && hopper && serves(kind, x.shape()[0], l.n, l.k, l.block)).then_some(kind)
+    }
+
+    /// The kernels' bindings of a product of `x` with `weight` into `out`.
+    fn args<R: CubeRuntime>(x: &CubeTensor<R>, weight: &Weight<R>, out: &CubeTensor<R>) -> MmaArgs {
+        let ([absmax, absmax_codes, nested_code, offset], _) = scale_parts(weight);
+        MmaArgs {
+            x: binding(x),
             words: binding(&weight.words),
             code: binding(&weight.code),
             absmax: binding(absmax),
             absmax_codes: binding(absmax_codes),
             nested_code: binding(nested_code),
             offset: binding(offset),
-            out: binding(&out),
-        };
-        launch_gemv_mma(client, kind, m, l.n, l.k, l.block, nested, args);
+            out: binding(out),
+        }
+    }
+
+    /// Enqueues the product of a dense `x` (see [`takes`]) with `weight`.
+    pub(super) fn gemv<R: CubeRuntime>(kind: FloatKind, x: CubeTensor<R>, weight: &Weight<R>) -> CubeTensor<R> {
+        let client = cuda::client(&x).expect("`takes` checked the runtime");
+        let (m, l) = (x.shape()[0], weight.layout);
+        let out = empty_like_device(&x, [m, l.n], x.dtype);
+        let nested = scale_parts(weight).1;
+        launch_gemv_mma(client, kind, m, l.n, l.k, l.block, nested, args(&x, weight, &out));
+        out
+    }
+
+    /// Enqueues the product of a dense `x` (see [`takes_gemm`]) with `weight`.
+    pub(super) fn gemm<R: CubeRuntime>(kind: FloatKind, x: CubeTensor<R>, weight: &Weight<R>) -> CubeTensor<R> {
+        let client = cuda::client(&x).expect("`takes_gemm` checked the runtime");
+        let (m, l) = (x.shape()[0], weight.layout);
+        let out = empty_like_device(&x, [m, l.n], x.dtype);
+        let nested = scale_parts(weight).1;
+        launch_gemm(client, kind, m, l.n, l.k, l.block, nested, args(&x, weight, &out));
         out
     }
 }

@@ -5,9 +5,11 @@
 //!   [`bnb`] reads a weight as bitsandbytes saves it in HF checkpoints.
 //! - [`Quantized4`]: a weight `[n, k]` on the device (packed words, code book, block scales).
 //! - [`matmul_4bit`]: `x · Wᵀ` for `x [.., k]`. Up to [`GEMV_MAX_ROWS`] rows a GEMV dequantizes in
-//!   registers; more rows dequantize into a temporary weight and take kiln's GEMM (cuBLASLt on
-//!   CUDA). Its backward gives the input gradient only: the weight is frozen (no gradient, so no
-//!   optimizer state).
+//!   registers (on CUDA, half-precision products of up to eight rows on the tensor cores); on
+//!   Hopper, half-precision products of up to 1024 rows take a GEMM that makes the weight's MMA
+//!   operand in registers; more rows dequantize into a temporary weight and take kiln's GEMM
+//!   (cuBLASLt on CUDA). Its backward gives the input gradient only (through the temporary): the
+//!   weight is frozen (no gradient, so no optimizer state).
 
 mod backward;
 pub mod bnb;
