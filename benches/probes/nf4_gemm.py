@@ -1,21 +1,21 @@
-"""A 4-bit GEMM on Hopper's warpgroup MMA that dequantizes in its main loop (`kiln_nf4_gemm` in
-`nf4_gemm.cu` beside this script, not part of kiln's build) and edited copies of it: each `.cu` is
-built by nvcc for sm_90a after the Hopper header, the float wrappers and `cuda_out.cuh` (ptxas'
-registers, spills and wgmma warnings printed), checked against an f64 product of the weight
-dequantized as bitsandbytes does it (the error rule: within twice the error of cuBLAS multiplying
-that weight, in the same dtype, plus one rounding), and timed like `benches/peers/gemm.py`'s
-`gpu_seconds` next to torch's GEMM on the dequantized weight (the two-pass path without its
-dequantization).
+"""kiln's 4-bit GEMM on Hopper's warpgroup MMA (`kernels/src/nf4/gemm.cu`, the weight's A operand
+made in registers) and edited copies of it, outside kiln's build: each `.cu` is built by nvcc for
+sm_90a after the Hopper header, the float wrappers and `cuda_out.cuh` (ptxas' registers, spills and
+wgmma warnings printed), checked against an f64 product of the weight dequantized as bitsandbytes
+does it (the error rule: within twice the error of cuBLAS multiplying that weight, in the same
+dtype, plus one rounding), and timed like `benches/peers/gemm.py`'s `gpu_seconds` next to torch's
+GEMM on the dequantized weight (the two-pass path without its dequantization). The thirty-seventh
+session's probe with value tiles through shared memory is `benches/probes/nf4_gemm.cu` at
+4f4e2a6.
 
 Usage on the GPU machine, from the repository root:
-    python3 benches/probes/nf4_gemm.py [variant.cu ...]   (default: nf4_gemm.cu)
-kiln's own kernel, `kernels/src/nf4/gemm.cu` (A made in registers), runs here too; a source's TOKS
-sets its activation tile.
+    python3 benches/probes/nf4_gemm.py [variant.cu ...]   (default: kernels/src/nf4/gemm.cu)
 Environment: SHAPES (`m`x`n`x`k` list: x `[m, k]`, weight `[n, k]`), KINDS (1 f16, 2 bf16; default
 both on the first two shapes, bf16 after; timings are of the last kind), NESTED (0 or 1; default
 the first shape plain, the others double-quantized), BLOCK (default 64), SPLITS (KILN_SPLITS
 values, each a variant of every source; default 1), DEFINES (`;`-separated lines placed before
-the sources, e.g. `#define STAGES 5` for a source that leaves its tiling to `#ifndef`)."""
+the sources, e.g. `#define STAGES 5` for a source that leaves its tiling to `#ifndef`). A source's
+TOKS sets its activation tile."""
 import os, sys
 import torch
 
@@ -41,9 +41,6 @@ class Variant:
         self.name = os.path.basename(path) + (f":S{splits}" if splits > 1 else "")
         self.splits = splits
         text = open(path).read()
-        # A source that multicasts x's tile over a cluster of two cubes (half the rows each) takes
-        # pairs of weight tiles a cube pair, and a map of half-height boxes.
-        self.multicast = "multicast::cluster" in text
         sig = "const __grid_constant__ GemmParams p) {"
         assert sig in text
         text = text.replace("const __grid_constant__ TensorMap x_map,", "const TensorMap* __restrict__ x_map_ptr,")
@@ -65,8 +62,6 @@ class Variant:
     def launch(self, kind, nested, m, n, k, block, bufs, stream):
         fn, shared, threads, toks = self.function(kind, nested)
         cubes = -(-m // toks) * -(-n // FEATS) * self.splits
-        if self.multicast:
-            cubes = -(-m // toks) * -(-n // (2 * FEATS)) * 2
         u = cp.uint32
         fn((cubes,), (threads,), bufs + (u(m), u(n), u(k), u(block.bit_length() - 1)), shared_mem=shared, stream=stream)
 
@@ -94,7 +89,7 @@ def weight(n, k, block, nested, gen):
 
 
 def main():
-    paths = sys.argv[1:] or [os.path.join(HERE, "nf4_gemm.cu")]
+    paths = sys.argv[1:] or [os.path.join(SRC, "nf4", "gemm.cu")]
     variants = [Variant(p, int(s)) for p in paths for s in os.environ.get("SPLITS", "1").split(",")]
     stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -117,7 +112,7 @@ def main():
             for v in variants:
                 out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
                 toks = v.toks(kind, nested)
-                x_map = tensor_map(x, toks // 2 if v.multicast else toks)
+                x_map = tensor_map(x, toks)
                 bufs = (cp.asarray(x_map), bits(x), cp.asarray(packed), cp.asarray(book)) + tuple(cp.asarray(t) for t in parts) + (bits(out),)
                 with stream:
                     v.launch(kind, nested, m, n, k, block, bufs, stream)

@@ -58,11 +58,11 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> Nf4Backend
         let (m, k, l) = (x.shape()[0], x.shape()[1], weight.layout);
         #[cfg(feature = "cuda")]
         if let Some(kind) = mma::takes(&x, weight.layout) {
-            return mma::gemv(kind, dense(x), &dense_parts::<R, F, I, BT>(weight));
+            return mma::product(kind, dense(x), &dense_parts::<R, F, I, BT>(weight), mma::launch_gemv_mma);
         }
         #[cfg(feature = "cuda")]
         if let Some(kind) = mma::takes_gemm(&x, weight.layout) {
-            return mma::gemm(kind, dense(x), &dense_parts::<R, F, I, BT>(weight));
+            return mma::product(kind, dense(x), &dense_parts::<R, F, I, BT>(weight), mma::launch_gemm);
         }
         if !gemv_fits(m, k) {
             let dtype = x.dtype;
@@ -138,8 +138,11 @@ mod mma {
     use burn::tensor::TensorMetadata;
     use burn_cubecl::{CubeRuntime, tensor::CubeTensor};
     use kiln_kernels::cuda_source::FloatKind;
-    use kiln_kernels::nf4::mma::{MmaArgs, enabled, launch_gemv_mma, mma_fits};
-    use kiln_kernels::nf4::wgmma::{launch_gemm, serves};
+    use cubecl::{cuda::CudaRuntime, prelude::ComputeClient};
+    pub(super) use kiln_kernels::nf4::mma::launch_gemv_mma;
+    use kiln_kernels::nf4::mma::{MmaArgs, enabled, mma_fits};
+    pub(super) use kiln_kernels::nf4::wgmma::launch_gemm;
+    use kiln_kernels::nf4::wgmma::serves;
 
     use super::{Layout4, Weight, scale_parts};
     use crate::backend::cube::cuda::{self, binding};
@@ -181,23 +184,17 @@ mod mma {
         }
     }
 
-    /// Enqueues the product of a dense `x` (see [`takes`]) with `weight`.
-    pub(super) fn gemv<R: CubeRuntime>(kind: FloatKind, x: CubeTensor<R>, weight: &Weight<R>) -> CubeTensor<R> {
+    /// A kernel's launch: `launch_gemv_mma` or `launch_gemm`.
+    pub(super) type Launch = fn(&ComputeClient<CudaRuntime>, FloatKind, usize, usize, usize, usize, bool, MmaArgs);
+
+    /// Enqueues the product of a dense `x` with `weight` by `launch`, a kernel that [`takes`] or
+    /// [`takes_gemm`] checked.
+    pub(super) fn product<R: CubeRuntime>(kind: FloatKind, x: CubeTensor<R>, weight: &Weight<R>, launch: Launch) -> CubeTensor<R> {
         let client = cuda::client(&x).expect("`takes` checked the runtime");
         let (m, l) = (x.shape()[0], weight.layout);
         let out = empty_like_device(&x, [m, l.n], x.dtype);
         let nested = scale_parts(weight).1;
-        launch_gemv_mma(client, kind, m, l.n, l.k, l.block, nested, args(&x, weight, &out));
-        out
-    }
-
-    /// Enqueues the product of a dense `x` (see [`takes_gemm`]) with `weight`.
-    pub(super) fn gemm<R: CubeRuntime>(kind: FloatKind, x: CubeTensor<R>, weight: &Weight<R>) -> CubeTensor<R> {
-        let client = cuda::client(&x).expect("`takes_gemm` checked the runtime");
-        let (m, l) = (x.shape()[0], weight.layout);
-        let out = empty_like_device(&x, [m, l.n], x.dtype);
-        let nested = scale_parts(weight).1;
-        launch_gemm(client, kind, m, l.n, l.k, l.block, nested, args(&x, weight, &out));
+        launch(client, kind, m, l.n, l.k, l.block, nested, args(&x, weight, &out));
         out
     }
 }
