@@ -63,7 +63,9 @@ fn tiles(m: usize, n: usize) -> usize {
 /// blocks, or two where that rule keeps one but two cut the waves of cubes: 512 rows against
 /// `[11008, 4096]` (172 tiles, two waves on 132 SMs; three on two cubes a tile, each half as long)
 /// ran 0.0944 ms on two cubes a tile against 0.0999 on one and 0.1297 on three, and 1024 rows (344
-/// tiles, no fewer waves) 0.150 ms on one against 0.186 on two (fifty-first session).
+/// tiles, no fewer waves) 0.150 ms on one against 0.186 on two; the ternary GEMM, whose rule
+/// `cluster_splits` is, ran 512 rows against `[11008, 4096]` slower on two cubes a tile (0.0604
+/// against 0.0541 ms) (fifty-first session).
 /// `KILN_NF4_WGMMA_SPLITS` (1–3) overrides, for measurements.
 fn splits(m: usize, n: usize, k: usize, sms: usize) -> usize {
     let (tiles, blocks) = (tiles(m, n), k / BK);
