@@ -26,9 +26,9 @@
 //   16 `prmt` and no shared-memory lookup.
 //
 // Measured on the H200 (`benches/RESULTS.md`, fifty-first session): 0.85–0.87× torch's bf16 GEMM
-// on the dequantized weight from M = 2048; a value tile written and read through shared memory
-// (the thirty-seventh session's probe, `benches/probes/nf4_gemm.cu` at 4f4e2a6) or the lookups' selectors
-// staged by the first warpgroup ran 8–20% slower.
+// on the dequantized weight from M = 2048. Value tiles written and read through shared memory (the
+// thirty-seventh session's probe, `benches/probes/nf4_gemm.cu` at 4f4e2a6) ran 0.74× this kernel's
+// speed, 0.82× with its lookups by `prmt`; the selectors staged by the first warpgroup, 0.90×.
 //
 // Step kb: one cube barrier (named barrier 1, reached from each role's own loop: a branch on the
 // role inside one loop makes ptxas serialize the wgmmas) publishes block kb's weight bytes and
