@@ -25,7 +25,7 @@
 //   byte of two registers, its high bit one of the two results), so a step's four registers cost
 //   16 `prmt` and no shared-memory lookup.
 //
-// Measured on the H200 (`benches/RESULTS.md`, fifty-first session): 0.85–0.87× torch's bf16 GEMM
+// Measured on the H200 (`benches/RESULTS.md`, fifty-first session): 0.82–0.87× torch's bf16 GEMM
 // on the dequantized weight from M = 2048. Value tiles written and read through shared memory (the
 // thirty-seventh session's probe, `benches/probes/nf4_gemm.cu` at 4f4e2a6) ran 0.74× this kernel's
 // speed, 0.82× with its lookups by `prmt`; the selectors staged by the first warpgroup, 0.90×.
