@@ -2,7 +2,7 @@
 // `wgmma/`, the ternary GEMM and input gradient): shared-memory addresses, 16-byte `cp.async`
 // copies, mbarriers for bulk copies, wgmma descriptors and synchronization, and the register
 // fences that keep ptxas from moving values across an asynchronous MMA, and the sum of a k split
-// over a thread-block cluster (`gather_splits`), the grouped tile order of the GEMMs
+// over a thread-block cluster (`gather_splits`, with `KILN_CLUSTER` for the kernel's declaration), the grouped tile order of the GEMMs
 // (`grouped_tile`) and the barriers of warp-specialized cubes (`role_sync`, `makers_finish`). kiln places this file
 // first, before a kernel's wrappers and source.
 //
@@ -12,6 +12,14 @@
 typedef unsigned int u32;
 typedef unsigned long long u64;
 typedef unsigned short u16;
+
+// The cluster of a GEMM cube whose tile's reduction is split over KILN_SPLITS cubes (defined
+// before this file; `gather_splits` sums them), for the kernel's declaration: none for one cube.
+#if defined(KILN_SPLITS) && KILN_SPLITS > 1
+#define KILN_CLUSTER __cluster_dims__(KILN_SPLITS, 1, 1)
+#else
+#define KILN_CLUSTER
+#endif
 
 __device__ __forceinline__ u32 shared_address(const void* p) {
     u32 a;

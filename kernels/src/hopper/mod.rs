@@ -11,7 +11,7 @@ pub const WGMMA: &str = include_str!("wgmma.cuh");
 pub const WGMMA_INT: &str = include_str!("wgmma_int.cuh");
 
 /// Reduction blocks a cube takes at least when a tile's reduction is split.
-const SPLIT_MIN_BLOCKS: usize = 8;
+pub const SPLIT_MIN_BLOCKS: usize = 8;
 
 /// The most cubes that share a tile's reduction ([`cluster_splits`]).
 pub const MAX_SPLITS: usize = 3;

@@ -291,12 +291,7 @@ __device__ __forceinline__ void multiply_blocks(float (&acc)[TOKS / 2], u32 base
 // code the 16-entry code book; absmax, absmax_codes, nested_code, offset the scales (`Scales`;
 // plain absmax binds it in the unread nested slots); out dense `[m, n]`. SPLITS cubes per
 // (activation tile, weight tile); THREADS threads, KILN_SHARED_BYTES of shared memory.
-#if SPLITS > 1
-#define CLUSTER __cluster_dims__(SPLITS, 1, 1)
-#else
-#define CLUSTER
-#endif
-extern "C" __global__ void CLUSTER __launch_bounds__(THREADS, 1) kiln_nf4_gemm(
+extern "C" __global__ void KILN_CLUSTER __launch_bounds__(THREADS, 1) kiln_nf4_gemm(
     const __grid_constant__ TensorMap x_map, const out_t* __restrict__ x, const unsigned char* __restrict__ w, const float* __restrict__ code,
     const float* __restrict__ absmax, const u32* __restrict__ absmax_codes, const float* __restrict__ nested_code, const float* __restrict__ offset,
     out_t* __restrict__ out, const __grid_constant__ GemmParams p) {

@@ -13,7 +13,7 @@ use cubecl::prelude::*;
 
 use super::mma::MmaArgs;
 use crate::cuda_source::{CudaSourceKernel, FloatKind, OUT_ELEMENT, fingerprint, swizzled_tile_map};
-use crate::hopper::{COMMON, MAX_SPLITS, WGMMA, cluster_splits};
+use crate::hopper::{COMMON, MAX_SPLITS, SPLIT_MIN_BLOCKS, WGMMA, cluster_splits};
 
 const SOURCE: &str = include_str!("gemm.cu");
 const FINGERPRINT: u64 = fingerprint(&[COMMON, WGMMA, OUT_ELEMENT, SOURCE]);
@@ -71,7 +71,7 @@ fn splits(m: usize, n: usize, k: usize, sms: usize) -> usize {
     let (tiles, blocks) = (tiles(m, n), k / BK);
     let rule = cluster_splits(tiles, blocks, sms);
     let waves = |splits: usize| (tiles * splits).div_ceil(sms) as f64 / splits as f64;
-    let chosen = if rule == 1 && cluster_splits(1, blocks, usize::MAX) >= 2 && waves(2) < waves(1) { 2 } else { rule };
+    let chosen = if rule == 1 && blocks >= 2 * SPLIT_MIN_BLOCKS && waves(2) < waves(1) { 2 } else { rule };
     crate::measurement_override("KILN_NF4_WGMMA_SPLITS", 1..=MAX_SPLITS).unwrap_or(chosen)
 }
 

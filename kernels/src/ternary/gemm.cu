@@ -232,12 +232,7 @@ __device__ __forceinline__ void stage_scaled(const int (&acc)[128], u32 tile, co
 // acts tiled int8 codes (`[blocks][m][128]`, above); x_scales, x_sums `[m]` f32 (the sums are integers);
 // w `[n, row_words]` packed words; w_scales one f32 per `group` rows; out dense `[m, n]`.
 // SPLITS cubes per (activation tile, weight tile), THREADS threads, KILN_SHARED_BYTES of shared memory.
-#if SPLITS > 1
-#define CLUSTER __cluster_dims__(SPLITS, 1, 1)
-#else
-#define CLUSTER
-#endif
-extern "C" __global__ void CLUSTER __launch_bounds__(THREADS, 1) kiln_ternary_gemm(
+extern "C" __global__ void KILN_CLUSTER __launch_bounds__(THREADS, 1) kiln_ternary_gemm(
     const unsigned char* __restrict__ acts, const float* __restrict__ x_scales, const float* __restrict__ x_sums,
     const unsigned char* __restrict__ w, const float* __restrict__ w_scales, out_t* __restrict__ out,
     const __grid_constant__ GemmParams p) {

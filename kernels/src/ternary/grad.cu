@@ -193,12 +193,7 @@ __device__ __forceinline__ void expand(u32 base, int nb0, int i, const GradParam
 // dy_map: the tensor map of dy (dense `[m, n]`, passed as `dy` too, unread); w `[n, row_words]`
 // packed words; w_scales one f32 per `group` rows; dx dense `[m, k]`. SPLITS cubes per (gradient
 // tile, column tile), column tiles fastest; THREADS threads, KILN_SHARED_BYTES of shared memory.
-#if SPLITS > 1
-#define CLUSTER __cluster_dims__(SPLITS, 1, 1)
-#else
-#define CLUSTER
-#endif
-extern "C" __global__ void CLUSTER __launch_bounds__(THREADS, 1) kiln_ternary_input_grad(
+extern "C" __global__ void KILN_CLUSTER __launch_bounds__(THREADS, 1) kiln_ternary_input_grad(
     const __grid_constant__ TensorMap dy_map, const out_t* __restrict__ dy, const unsigned char* __restrict__ w, const float* __restrict__ w_scales,
     out_t* __restrict__ dx, const __grid_constant__ GradParams p) {
     extern __shared__ unsigned char shared_raw[];
