@@ -1,5 +1,6 @@
-//! LoRA: the op (forward and every gradient, with and without dropout) against the formula in
-//! plain Burn ops; the dropout kernel against its host mask, bit for bit; `LoraLinear` over float
+//! LoRA: the op (forward and every gradient, with and without dropout) and the whole layer over a
+//! float base in one op (`lora_linear`, its base's gradients too where it trains) against the
+//! formula in plain Burn ops; the dropout kernel against its host mask, bit for bit; `LoraLinear` over float
 //! and 4-bit bases (starts equal to its base, frozen base, merge/unmerge, training touches only
 //! the adapter).
 
@@ -9,10 +10,10 @@ use burn::backend::{Autodiff, NdArray};
 use burn::module::AutodiffModule;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::{DType, Tensor, backend::Backend};
-use common::adapters::LoraCase;
+use common::adapters::{LoraCase, LoraLinearCase};
 use common::checks::assert_cases;
 use kiln::nn::{LinearConfig, LinearLayer, LoraConfig, LoraLinear, Nf4Linear};
-use kiln::ops::lora::{DropoutMask, LoraSpec, lora, lora_dropout};
+use kiln::ops::lora::{DropoutMask, LoraSpec, lora, lora_dropout, lora_linear};
 use kiln::ops::nf4::QuantType;
 
 fn cases() -> Vec<LoraCase> {
@@ -40,6 +41,46 @@ fn lora_matches_reference_on_wgpu() {
 #[test]
 fn lora_runs_through_autodiff_ndarray() {
     assert_cases::<Autodiff<NdArray>, _>(&cases(), &Default::default(), &[DType::F32]);
+}
+
+fn linear_cases() -> Vec<LoraLinearCase> {
+    #[allow(clippy::too_many_arguments)]
+    let case = |batch, m, d_in, d_out, rank, dropout, bias, transposed, x_grad, base_grad, seed| LoraLinearCase {
+        batch,
+        m,
+        d_in,
+        d_out,
+        rank,
+        scale: 2.0,
+        dropout,
+        bias,
+        transposed,
+        x_grad,
+        base_grad,
+        seed,
+    };
+    vec![
+        case(1, 1, 16, 8, 1, 0.0, false, false, true, false, 11),
+        case(2, 3, 33, 17, 8, 0.0, true, true, true, true, 12),
+        case(1, 17, 64, 96, 8, 0.25, true, false, true, false, 13),
+        case(3, 5, 130, 70, 64, 0.0, false, true, false, false, 14),
+        case(2, 33, 96, 40, 16, 0.1, true, false, true, true, 15),
+        case(1, 129, 48, 24, 4, 0.5, false, true, false, true, 16),
+    ]
+}
+
+#[test]
+fn lora_linear_runs_through_autodiff_ndarray() {
+    assert_cases::<Autodiff<NdArray>, _>(&linear_cases(), &Default::default(), &[DType::F32]);
+}
+
+/// wgpu's subset: a transposed trained base with bias, dropout, an untracked input, and f16.
+#[test]
+fn lora_linear_matches_reference_on_wgpu() {
+    let Some(device) = common::wgpu_device() else { return };
+    let cases = linear_cases();
+    assert_cases::<Autodiff<burn::backend::Wgpu>, _>(&cases[1..4], &device, &[DType::F32]);
+    assert_cases::<Autodiff<burn::backend::Wgpu>, _>(&[cases[2]], &device, &[DType::F16]);
 }
 
 #[test]
@@ -82,6 +123,20 @@ fn lora_rejects_bad_shapes() {
     assert!(msg.contains("kiln::lora") && msg.contains("[4, 15]") && msg.contains("[3, 16]"), "{msg}");
     let msg = common::panic_message(|| DropoutMask::new(1.0, 0));
     assert!(msg.contains("dropout probability 1"), "{msg}");
+}
+
+#[test]
+fn lora_linear_rejects_bad_shapes() {
+    let device = Default::default();
+    let ones = |shape: [usize; 2]| Tensor::<NdArray, 2>::ones(shape, &device);
+    let spec = LoraSpec { scale: 1.0, dropout: None };
+    let msg = common::panic_message(|| lora_linear(ones([3, 16]), ones([15, 8]), None, ones([4, 16]), ones([8, 4]), spec));
+    assert!(msg.contains("kiln::lora_linear") && msg.contains("[15, 8]") && msg.contains("[3, 16]"), "{msg}");
+    let msg = common::panic_message(|| lora_linear(ones([3, 16]), ones([16, 8]), None, ones([4, 16]), ones([9, 4]), spec));
+    assert!(msg.contains("kiln::lora_linear") && msg.contains("[9, 4]"), "{msg}");
+    let bias = Tensor::<NdArray, 1>::ones([7], &device);
+    let msg = common::panic_message(|| lora_linear(ones([3, 16]), ones([16, 8]), Some(bias), ones([4, 16]), ones([8, 4]), spec));
+    assert!(msg.contains("kiln::lora_linear") && msg.contains("bias [7]"), "{msg}");
 }
 
 type Ad = Autodiff<NdArray>;

@@ -132,14 +132,15 @@ pub fn dy_parity(device: &CudaDevice) -> bool {
     for dtype in [DType::BF16, DType::F16] {
         for (tokens, out, r, seed) in [(1, 4096, 16, 1), (300, 1000, 16, 2), (258, 4104, 8, 3), (517, 96, 8, 4), (4096, 4096, 16, 5), (300, 1000, 32, 6)] {
             poison::<Cube>(device, 3 * tokens * out, dtype);
-            let scale = 2.0f32;
+            // dh's and dB's scales differ, as where the forward kept `h` scaled.
+            let scales = [2.0f32, 0.5];
             let [dy, h, b] = [[tokens, out], [tokens, r], [out, r]].map(|shape| tensor::<Cube, 2>(&random(&shape, seed * 7 + shape[1] as u64), dtype, device));
             let [dy_h, h_h, b_h] = [&dy, &h, &b].map(|t| values(t.clone()));
             let prim = |t: Tensor<Cube, 2>| t.into_primitive().tensor();
-            let (dh, db) = Cube::lora_dy_products(prim(dy), prim(h), prim(b), scale);
+            let (dh, db) = Cube::lora_dy_products(prim(dy), prim(h), prim(b), scales);
             let kernel = [dh, db].map(|t| values(Tensor::<Cube, 2>::from_primitive(TensorPrimitive::Float(t))));
             // `(i, j)` of `dh` sums `dy[i, k] · B[k, j]` over `k < out`; of `dB`, `dy[k, i] · h[k, j]` over `k < tokens`.
-            let products = |rows: usize, depth: usize, left: &dyn Fn(usize, usize) -> f64, right: &dyn Fn(usize, usize) -> f64| {
+            let products = |scale: f32, rows: usize, depth: usize, left: &dyn Fn(usize, usize) -> f64, right: &dyn Fn(usize, usize) -> f64| {
                 let (mut exact, mut same) = (vec![0.0; rows * r], vec![0.0; rows * r]);
                 for i in 0..rows {
                     for j in 0..r {
@@ -155,8 +156,8 @@ pub fn dy_parity(device: &CudaDevice) -> bool {
                 }
                 (exact, same)
             };
-            let dh_ref = products(tokens, out, &|i, k| dy_h[i * out + k], &|k, j| b_h[k * r + j]);
-            let db_ref = products(out, tokens, &|i, k| dy_h[k * out + i], &|k, j| h_h[k * r + j]);
+            let dh_ref = products(scales[0], tokens, out, &|i, k| dy_h[i * out + k], &|k, j| b_h[k * r + j]);
+            let db_ref = products(scales[1], out, tokens, &|i, k| dy_h[k * out + i], &|k, j| h_h[k * r + j]);
             for ((name, (exact, same)), got) in [("dh", dh_ref), ("db", db_ref)].into_iter().zip(&kernel) {
                 let c = compare(name, got, &same, &exact, dtype, 1.0);
                 println!(

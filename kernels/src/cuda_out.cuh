@@ -60,10 +60,10 @@ __device__ __forceinline__ void stage_transposed(out_t* tile, int pitch, int row
 // (here a tile column), for j < J; `first` is the warp's first MMA row. Pairs (j, 0), (j, 1),
 // (j + 1, 0), (j + 1, 1) are four matrices in the MMA fragment layout, which `.trans` writes with
 // the tile's rows along MMA columns: lane l names the address of row `l % 8` of matrix `l / 8`.
-// One instruction where `stage_transposed` takes eight 2-byte stores (`tile` a shared address,
-// rows `pitch` elements apart, 16-byte aligned).
-template <int J, bool CHECKED, typename Pair, typename Redo>
-__device__ __forceinline__ void stage_pairs_transposed_impl(unsigned tile, int pitch, int first, int lane, Pair pair, Redo redo) {
+// One instruction where `stage_transposed` takes eight 2-byte stores; `at(row, col)` is the shared
+// address of the tile's element (row, col), 16-byte aligned where `col` is a multiple of 8.
+template <int J, bool CHECKED, typename At, typename Pair, typename Redo>
+__device__ __forceinline__ void stage_pairs_transposed_impl(At at, int first, int lane, Pair pair, Redo redo) {
     static_assert(J % 2 == 0, "pairs of column groups");
     const int q = lane / 8, i = lane % 8;
     #pragma unroll
@@ -76,14 +76,19 @@ __device__ __forceinline__ void stage_pairs_transposed_impl(unsigned tile, int p
             #pragma unroll
             for (int m = 0; m < 4; ++m) v[m] = redo(j + m / 2, m % 2);
         }
-        const unsigned address = tile + ((8 * (j + q / 2) + i) * pitch + first + 8 * (q % 2)) * 2;
+        const unsigned address = at(8 * (j + q / 2) + i, first + 8 * (q % 2));
         asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(address), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3]) : "memory");
     }
 }
 
+// The address of element (row, col) of a tile whose rows are `pitch` elements apart.
+__device__ __forceinline__ auto pitched(unsigned tile, int pitch) {
+    return [=](int row, int col) { return tile + (unsigned)(row * pitch + col) * 2; };
+}
+
 template <int J, typename Pair>
 __device__ __forceinline__ void stage_pairs_transposed(unsigned tile, int pitch, int first, int lane, Pair pair) {
-    stage_pairs_transposed_impl<J, false>(tile, pitch, first, lane, [&](int j, int h, bool&) { return pair(j, h); }, pair);
+    stage_pairs_transposed_impl<J, false>(pitched(tile, pitch), first, lane, [&](int j, int h, bool&) { return pair(j, h); }, pair);
 }
 
 // `stage_pairs_transposed` where `pair(j, h, bad)` may leave a pair to `redo(j, h)` (setting
@@ -92,7 +97,7 @@ __device__ __forceinline__ void stage_pairs_transposed(unsigned tile, int pitch,
 // overlap.
 template <int J, typename Pair, typename Redo>
 __device__ __forceinline__ void stage_pairs_transposed_checked(unsigned tile, int pitch, int first, int lane, Pair pair, Redo redo) {
-    stage_pairs_transposed_impl<J, true>(tile, pitch, first, lane, pair, redo);
+    stage_pairs_transposed_impl<J, true>(pitched(tile, pitch), first, lane, pair, redo);
 }
 #endif
 

@@ -67,6 +67,13 @@ pub trait LinearLayer<B: Backend>: Module<B> + ModuleDisplay {
     /// (dequantized, or with an adapter's update in it): for merging and DoRA's norms, not for
     /// the forward.
     fn dense_weight(&self, dtype: DType) -> Tensor<B, 2>;
+    /// The `[d_input, d_output]` weight the forward multiplies, where it is a float tensor as
+    /// stored (no copy): an adapter around such a layer runs the base's product and its update
+    /// as one operation ([`crate::ops::lora::lora_linear`]). `None` for quantized or adapted
+    /// layers.
+    fn float_weight(&self) -> Option<Tensor<B, 2>> {
+        None
+    }
 }
 
 impl<B: MatmulBackend> LinearLayer<B> for Linear<B> {
@@ -88,5 +95,9 @@ impl<B: MatmulBackend> LinearLayer<B> for Linear<B> {
 
     fn dense_weight(&self, dtype: DType) -> Tensor<B, 2> {
         self.weight.val().cast(FloatDType::from(dtype))
+    }
+
+    fn float_weight(&self) -> Option<Tensor<B, 2>> {
+        Some(self.weight.val())
     }
 }

@@ -10,7 +10,7 @@ use burn::tensor::{DType, FloatDType, Tensor, backend::Backend};
 use crate::nn::{Linear, LinearLayer};
 use crate::ops::dora::{self, dora, dora_norm};
 use crate::ops::{prim, wrap};
-use crate::ops::lora::{DropoutMask, LoraBackend, LoraSpec, lora, lora_dropout};
+use crate::ops::lora::{DropoutMask, LoraBackend, LoraSpec, lora, lora_dropout, lora_linear};
 
 /// Configuration of a LoRA adapter; PEFT's `LoraConfig` fields and defaults.
 #[derive(Config, Debug)]
@@ -135,7 +135,8 @@ impl<B: Backend> LoraAdapter<B> {
 }
 
 /// A frozen base layer with an optional LoRA adapter: `y = base(x) + s · dropout(x) · Aᵀ · Bᵀ`
-/// through [`crate::ops::lora`] (the update added in the second product's epilogue), and for a
+/// through [`crate::ops::lora`] (over a float base the whole layer as one operation,
+/// [`lora_linear`]; over a quantized one the update added in a second product's epilogue), and for a
 /// DoRA adapter that output rescaled per output by `m / ‖W + ΔW‖` ([`crate::ops::dora`]). Layers
 /// a model leaves unadapted carry no adapter, so every projection of a model has one type.
 ///
@@ -239,8 +240,14 @@ impl<B: LoraBackend, L: LinearLayer<B>> LoraLinear<B, L> {
             return self.dora_forward(x, adapter, m.val(), dropout);
         }
         let spec = LoraSpec { scale: adapter.scale() as f32, dropout };
-        let base = self.base.forward(x.clone());
-        lora(x, base, adapter.lora_a.val(), adapter.lora_b.val(), spec)
+        let (a, b) = (adapter.lora_a.val(), adapter.lora_b.val());
+        match self.base.float_weight() {
+            Some(weight) => lora_linear(x, weight, self.base.bias(), a, b, spec),
+            None => {
+                let base = self.base.forward(x.clone());
+                lora(x, base, a, b, spec)
+            }
+        }
     }
 
     /// The weight the forward applies, `[d_input, d_output]` in f32: `W + ΔW`, for DoRA

@@ -1,5 +1,5 @@
-//! Cases of the adapter ops: LoRA's update, DoRA's rescaling, and a whole DoRA layer against
-//! PEFT's dense formula.
+//! Cases of the adapter ops: LoRA's update, a LoRA layer over a float base in one op, DoRA's
+//! rescaling, and a whole DoRA layer against PEFT's dense formula.
 
 use burn::module::Param;
 use burn::tensor::{DType, Tensor, TensorData};
@@ -80,6 +80,89 @@ impl Case for LoraCase {
 
     fn footprint(&self) -> usize {
         self.batch * self.m * (self.d_in + self.d_out + self.rank) + self.rank * (self.d_in + self.d_out)
+    }
+}
+
+/// `y = x · W + b + s · dropout(x) · Aᵀ · Bᵀ` ([`ops::lora::lora_linear`]) on `x [batch, m,
+/// d_in]` with Burn's `W [d_in, d_out]` (built as it is stored, or as the transposed view of an
+/// `[d_out, in]` tensor, as a checkpoint's weight may be), an optional bias, `A [r, d_in]`, `B
+/// [out, r]`; the gradients of `x` (where `x` is tracked; a second consumer registers its share
+/// first), `A`, `B`, and of `W` and the bias where the base trains. The reference is the formula
+/// in plain Burn ops.
+#[derive(Debug, Clone, Copy)]
+pub struct LoraLinearCase {
+    pub batch: usize,
+    pub m: usize,
+    pub d_in: usize,
+    pub d_out: usize,
+    pub rank: usize,
+    pub scale: f32,
+    pub dropout: f64,
+    pub bias: bool,
+    /// `W` stored `[d_out, d_in]` and viewed transposed.
+    pub transposed: bool,
+    /// `x` tracked (its gradient asked for).
+    pub x_grad: bool,
+    /// `W` and the bias tracked: a base that trains.
+    pub base_grad: bool,
+    pub seed: u64,
+}
+
+impl Case for LoraLinearCase {
+    fn run<B: KilnAutodiffBackend>(&self, device: &B::Device, dtype: DType, kernel: bool) -> Outputs {
+        let (b, m, s, (d_in, d_out)) = (self.batch, self.m, self.seed, (self.d_in, self.d_out));
+        let track = |t: Tensor<B, 2>, on: bool| if on { t.require_grad() } else { t };
+        let x = tensor::<B, 3>(&random(&[b, m, d_in], s), dtype, device);
+        let x = if self.x_grad { x.require_grad() } else { x };
+        // `N(0, 1 / d_in)`, scaled on the host: a scalar op would make the stored tensor dense.
+        let stored = if self.transposed { [d_out, d_in] } else { [d_in, d_out] };
+        let values_w: Vec<f64> = random(&stored, s + 1).to_vec::<f64>().unwrap().iter().map(|v| v / (d_in as f64).sqrt()).collect();
+        let w = tensor::<B, 2>(&TensorData::new(values_w, stored), dtype, device);
+        let w = track(if self.transposed { w.transpose() } else { w }, self.base_grad);
+        let bias = self.bias.then(|| {
+            let bias = tensor::<B, 1>(&random(&[d_out], s + 2), dtype, device);
+            if self.base_grad { bias.require_grad() } else { bias }
+        });
+        let a = tensor::<B, 2>(&random(&[self.rank, d_in], s + 3), dtype, device).require_grad();
+        let bw = tensor::<B, 2>(&random(&[d_out, self.rank], s + 4), dtype, device).require_grad();
+        let mask = (self.dropout > 0.0).then(|| DropoutMask::new(self.dropout, s));
+        let y = if kernel {
+            let spec = ops::lora::LoraSpec { scale: self.scale, dropout: mask };
+            ops::lora::lora_linear(x.clone(), w.clone(), bias.clone(), a.clone(), bw.clone(), spec)
+        } else {
+            let dropped = match mask {
+                Some(mask) => dropped(x.clone(), mask),
+                None => x.clone(),
+            };
+            let update = dropped.matmul(a.clone().transpose().unsqueeze()).matmul(bw.clone().transpose().unsqueeze()) * self.scale;
+            let base = x.clone().matmul(w.clone().unsqueeze());
+            match &bias {
+                Some(bias) => base + bias.clone().unsqueeze::<3>() + update,
+                None => base + update,
+            }
+        };
+        let loss = weighted(y.clone(), s + 5, device);
+        let loss = if self.x_grad { loss + weighted((x.clone() * 0.5).tanh() * 2.0, s + 6, device) } else { loss };
+        let grads = loss.backward();
+        let mut outputs = vec![("y", values(y)), ("da", grad(&a, &grads)), ("db", grad(&bw, &grads))];
+        if self.x_grad {
+            outputs.push(("dx", grad(&x, &grads)));
+        }
+        if self.base_grad {
+            outputs.push(("dw", grad(&w, &grads)));
+            if let Some(bias) = &bias {
+                outputs.push(("dbias", grad(bias, &grads)));
+            }
+        }
+        outputs
+    }
+
+    fn depth(&self) -> f64 {
+        self.d_in.max(self.d_out).max(self.batch * self.m) as f64
+    }
+
+    fn footprint(&self) -> usize {
+        self.batch * self.m * (2 * self.d_in + 2 * self.d_out + self.rank) + self.rank * (self.d_in + self.d_out) + 2 * self.d_in * self.d_out
     }
 }
 

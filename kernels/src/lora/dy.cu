@@ -1,5 +1,5 @@
 // LoRA's two backward products that read the output gradient, in one pass over it:
-// `dh = dy · B` (`[tokens, r]`) and `dB = dyᵀ · h` (`[out, r]`), the scale `s` left to the sum
+// `dh = dy · B` (`[tokens, r]`) and `dB = dyᵀ · h` (`[out, r]`), the scales left to the sum
 // (`kiln_lora_dy_sum`). Each product alone is a skinny GEMM that reads all of `dy`; cuBLASLt
 // took 10–13 µs for each at 4096 × 4096, rank 16, on the H200, where reading `dy` once takes ~8
 // (`benches/RESULTS.md`, forty-eighth session).
@@ -21,7 +21,8 @@
 //     deeper rings and other splits measured no faster (forty-ninth session).
 // Tokens past `tokens` and features past `out` are zero-filled copies and are never stored.
 //
-// `kiln_lora_dy_sum` adds the slices, scales by `s` and rounds to the activations' element.
+// `kiln_lora_dy_sum` adds the slices, scales them (`dh`'s and `dB`'s own scale) and rounds to the
+// activations' element.
 //
 // Layouts: `dy` `[tokens, out]`, `B` `[out, r]`, `h` `[tokens, r]`, dense row-major, 16-byte
 // aligned, `out` and `r` multiples of 8. Defines: KILN_KIND (1 f16, 2 bf16; KILN_OUT_KIND the
@@ -206,10 +207,11 @@ struct SumParams {
     u32 db_len;  // out · r
     u32 splits;  // slices of part_dh
     u32 tiles;   // slices of part_db
-    float scale;
+    float scale_dh;
+    float scale_db;
 };
 
-// dh = s · Σ part_dh over splits, dB = s · Σ part_db over token tiles: four elements a thread.
+// dh = s_dh · Σ part_dh over splits, dB = s_db · Σ part_db over token tiles: four elements a thread.
 extern "C" __global__ void __launch_bounds__(256) kiln_lora_dy_sum(
     const float4* __restrict__ part_dh, const float4* __restrict__ part_db, uint2* __restrict__ dh, uint2* __restrict__ db,
     const __grid_constant__ SumParams p) {
@@ -223,5 +225,6 @@ extern "C" __global__ void __launch_bounds__(256) kiln_lora_dy_sum(
         const float4 v = src[(size_t)s * len];
         sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
     }
-    (first ? dh : db)[at] = make_uint2(kiln_out2(p.scale * sum.x, p.scale * sum.y), kiln_out2(p.scale * sum.z, p.scale * sum.w));
+    const float s = first ? p.scale_dh : p.scale_db;
+    (first ? dh : db)[at] = make_uint2(kiln_out2(s * sum.x, s * sum.y), kiln_out2(s * sum.z, s * sum.w));
 }

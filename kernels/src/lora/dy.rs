@@ -1,5 +1,5 @@
-//! LoRA's backward products that read the output gradient, `dh = s · dy · B` and `dB = s · dyᵀ ·
-//! h`, in one pass over `dy` on CUDA's tensor cores (`dy.cu`), then one launch that adds the
+//! LoRA's backward products that read the output gradient, `dh = s_dh · dy · B` and `dB = s_db ·
+//! dyᵀ · h` (`s` and `s`, or `s` and 1 where `h` was scaled in the forward), in one pass over `dy` on CUDA's tensor cores (`dy.cu`), then one launch that adds the
 //! cubes' f32 partial sums and rounds them. As two GEMMs each read all of `dy`; at rank 16 the
 //! fused pair took 15.7 µs against torch's 26.4 for the two cuBLAS products at 4096 tokens,
 //! 4096 → 4096 (H200, `benches/RESULTS.md`, forty-ninth session). Launched through CubeCL's CUDA
@@ -105,10 +105,10 @@ fn source(params: &[u32]) -> String {
     format!("#define KILN_KIND {kind}\n#define KILN_OUT_KIND {kind}\n#define KILN_NJ {nj}\n#define KILN_STAGES {STAGES}\n{COMMON}\n{OUT_ELEMENT}\n{}\n{SOURCE}", super::MMA)
 }
 
-/// Enqueues both launches on `client`'s stream. The caller made `plan` for these sizes and checked
+/// Enqueues both launches on `client`'s stream, the sums scaled by `dh`'s and `dB`'s scales. The caller made `plan` for these sizes and checked
 /// a device of compute capability 8.0 or up.
 #[allow(clippy::too_many_arguments)]
-pub fn launch_dy_products(client: &ComputeClient<CudaRuntime>, kind: FloatKind, plan: DyPlan, tokens: usize, out: usize, r: usize, scale: f32, args: DyArgs) {
+pub fn launch_dy_products(client: &ComputeClient<CudaRuntime>, kind: FloatKind, plan: DyPlan, tokens: usize, out: usize, r: usize, [scale_dh, scale_db]: [f32; 2], args: DyArgs) {
     let params = vec![kind as u32, (r / 8) as u32];
     let DyArgs { dy, b, h, part_dh, part_db, dh, db } = args;
     let products = CudaSourceKernel { entry: "kiln_lora_dy", key: (FINGERPRINT, params.clone()), cube_dim: CubeDim::new_1d(THREADS), shared_bytes: plan.shared, source };
@@ -117,8 +117,8 @@ pub fn launch_dy_products(client: &ComputeClient<CudaRuntime>, kind: FloatKind, 
     products.launch(client, CubeCount::Static(plan.splits as u32, plan.tiles as u32, 1), vec![dy, b, h, part_dh.clone(), part_db.clone()], &shape);
     let sum = CudaSourceKernel { entry: "kiln_lora_dy_sum", key: (FINGERPRINT, params), cube_dim: CubeDim::new_1d(256), shared_bytes: 0, source };
     let quads = (tokens + out) * r / 4;
-    // `SumParams`: the scale as its bits.
-    let sizes = [(tokens * r) as u32, (out * r) as u32, plan.splits as u32, plan.tiles as u32, scale.to_bits()];
+    // `SumParams`: the scales as their bits.
+    let sizes = [(tokens * r) as u32, (out * r) as u32, plan.splits as u32, plan.tiles as u32, scale_dh.to_bits(), scale_db.to_bits()];
     sum.launch(client, CubeCount::Static(quads.div_ceil(256) as u32, 1, 1), vec![part_dh, part_db, dh, db], &sizes);
 }
 

@@ -4,12 +4,15 @@
 //! also computed on the host ([`keeps`]) for the reference, so every path drops the same elements.
 //!
 //! On CUDA, [`dy`] fuses the backward's two products that read the output gradient, and
-//! [`expand`] the input gradient's product with its dropout and the gradient registered before.
+//! [`expand`] the input gradient's product with its dropout and the gradient registered before;
+//! on Hopper, [`linear`] runs a float base layer's product and the update as one GEMM.
 
 #[cfg(feature = "cuda")]
 pub mod dy;
 #[cfg(feature = "cuda")]
 pub mod expand;
+#[cfg(feature = "cuda")]
+pub mod linear;
 
 /// The CUDA C++ the LoRA kernels share (`mma.cuh`): the MMA, an element's value, the dropout hash.
 #[cfg(feature = "cuda")]

@@ -1,6 +1,9 @@
 //! LoRA under `Autodiff`: the node's parents are `x`, `base`, `A`, `B`; it keeps `x`, `h`, `A`
 //! and `B` (`h`, the forward's `[rows, r]` product, is reused by `dB`), and its backward passes
-//! `dy` on to the base unchanged. A gradient of `x` another consumer registered before (q/k/v and
+//! `dy` on to the base unchanged. A LoRA layer over a float base ([`super::lora_linear`]) is one
+//! node whose parents are `x`, `W`, the bias, `A`, `B`: its backward takes `dx` through the base
+//! and the update at once, and the base's own gradients only where they are tracked (a frozen
+//! base has none). A gradient of `x` another consumer registered before (q/k/v and
 //! gate/up projections share their input) becomes the `dx` product's residual instead of a
 //! separate add, as in `ops::matmul`'s backward. The stand-alone dropout is a node of its own
 //! whose backward is the same dropout (it is linear and its own adjoint), the mask rebuilt from
@@ -12,10 +15,20 @@ use burn::backend::autodiff::{
     grads::Gradients,
     ops::{Backward, Ops, OpsKind},
 };
-use burn::tensor::{TensorMetadata, backend::AutodiffBackend, ops::FloatTensor};
+use burn::tensor::{Shape, TensorMetadata, backend::AutodiffBackend, ops::FloatTensor};
 
 use super::{DropoutMask, LoraBackend, LoraSpec};
-use crate::ops::matmul::take_prior;
+use crate::ops::matmul::{GemmLayout, GemmViews, take_prior};
+
+/// `node` on a throwaway tensor like `like`: how `take_prior` finds a registered gradient (a
+/// macro: burn-autodiff names no node type outside itself).
+macro_rules! probe {
+    ($b:ty, $node:expr, $like:expr) => {{
+        let mut probe = <Autodiff<$b> as AutodiffBackend>::from_inner($like.clone());
+        probe.node = $node;
+        probe
+    }};
+}
 
 #[derive(Debug)]
 struct LoraGrad;
@@ -37,12 +50,7 @@ impl<B: LoraBackend> Backward<B, 4> for LoraGrad {
         let dy = grads.consume::<B>(&ops.node);
         let [x_node, base_node, a_node, b_node] = ops.parents;
         if x_node.is_some() || a_node.is_some() || b_node.is_some() {
-            // `x`'s node on a throwaway tensor: how `take_prior` finds a registered gradient.
-            let x_probe = x_node.map(|node| {
-                let mut probe = <Autodiff<B> as AutodiffBackend>::from_inner(s.x.clone());
-                probe.node = node;
-                probe
-            });
+            let x_probe = x_node.map(|node| probe!(B, node, &s.x));
             let prior = x_probe.as_ref().and_then(|probe| take_prior::<B>(grads, probe, &s.x.shape(), s.x.dtype()));
             let g = B::lora_backward(s.x, s.h, s.a, s.b, dy.clone(), s.spec, prior);
             if let Some(probe) = x_probe {
@@ -56,6 +64,60 @@ impl<B: LoraBackend> Backward<B, 4> for LoraGrad {
         }
         if let Some(node) = base_node {
             grads.register::<B>(node.id, dy);
+        }
+    }
+}
+
+/// The node of [`super::lora_linear`]: its parents are `x`, `W`, the bias where there is one, `A`
+/// and `B` (`N` = 4 or 5).
+#[derive(Debug)]
+struct LinearGrad<const N: usize>;
+
+#[derive(Debug, Clone)]
+struct LinearSaved<B: LoraBackend> {
+    x: FloatTensor<B>,
+    hs: FloatTensor<B>,
+    w: FloatTensor<B>,
+    a: FloatTensor<B>,
+    b: FloatTensor<B>,
+    spec: LoraSpec,
+    bias: bool,
+}
+
+impl<B: LoraBackend, const N: usize> Backward<B, N> for LinearGrad<N> {
+    type State = LinearSaved<B>;
+
+    fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let s = ops.state;
+        let dy = grads.consume::<B>(&ops.node);
+        let mut parents = ops.parents.into_iter();
+        let (x_node, w_node) = (parents.next().flatten(), parents.next().flatten());
+        let bias_node = if s.bias { parents.next().flatten() } else { None };
+        let (a_node, b_node) = (parents.next().flatten(), parents.next().flatten());
+        let (x_shape, [d_in, d_out]) = (s.x.shape(), s.w.shape().dims());
+        let rows = x_shape.num_elements() / d_in.max(1);
+        if let Some(node) = w_node {
+            // dW = xᵀ · dy, the base's full input (the dropout is the update's only).
+            let views = GemmViews::new(Shape::new([1, rows, d_in]), Shape::new([1, rows, d_out]), Shape::new([d_in, d_out]), GemmLayout::new(true, false));
+            grads.register::<B>(node.id, B::gemm(s.x.clone(), dy.clone(), None, None, views));
+        }
+        if let Some(node) = bias_node {
+            let flat = B::float_reshape(dy.clone(), Shape::new([rows, d_out]));
+            grads.register::<B>(node.id, B::float_reshape(B::float_sum_dim(flat, 0), Shape::new([d_out])));
+        }
+        if x_node.is_none() && a_node.is_none() && b_node.is_none() {
+            return;
+        }
+        let x_probe = x_node.map(|node| probe!(B, node, &s.x));
+        let prior = x_probe.as_ref().and_then(|probe| take_prior::<B>(grads, probe, &x_shape, s.x.dtype()));
+        let g = B::lora_linear_backward(s.x, s.hs, s.w, s.a, s.b, dy, s.spec, prior, x_probe.is_some());
+        if let (Some(probe), Some(dx)) = (x_probe, g.x) {
+            grads.register::<B>(probe.node.id, dx);
+        }
+        for (node, grad) in [(a_node, g.a), (b_node, g.b)] {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, grad);
+            }
         }
     }
 }
@@ -98,5 +160,31 @@ impl<B: LoraBackend, C: CheckpointStrategy> LoraBackend for Autodiff<B, C> {
             OpsKind::UnTracked(prep) => prep.finish(y),
         };
         (y, Self::from_inner(h))
+    }
+
+    fn lora_linear_forward(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        spec: LoraSpec,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let bias_inner = bias.as_ref().map(|t| t.primitive.clone());
+        let (y, hs) = B::lora_linear_forward(x.primitive.clone(), w.primitive.clone(), bias_inner, a.primitive.clone(), b.primitive.clone(), spec);
+        let saved = LinearSaved { x: x.primitive, hs: hs.clone(), w: w.primitive, a: a.primitive, b: b.primitive, spec, bias: bias.is_some() };
+        macro_rules! record {
+            ($n:literal, $nodes:expr) => {
+                match LinearGrad::<$n>.prepare::<C>($nodes).compute_bound().stateful() {
+                    OpsKind::Tracked(prep) => prep.finish(saved, y),
+                    OpsKind::UnTracked(prep) => prep.finish(y),
+                }
+            };
+        }
+        let y = match bias {
+            Some(bias) => record!(5, [x.node, w.node, bias.node, a.node, b.node]),
+            None => record!(4, [x.node, w.node, a.node, b.node]),
+        };
+        (y, Self::from_inner(hs))
     }
 }

@@ -1,13 +1,16 @@
 //! LoRA on CubeCL backends: the products through the backend's GEMM (the trait's defaults), the
 //! dropout as one elementwise kernel, and on CUDA the backward's pair of products that read `dy`
 //! as one kernel (`kiln_kernels::lora::dy`) and, with a dropout, its `dx = dropout(dh · A) +
-//! prior` as one pass (`kiln_kernels::lora::expand`).
+//! prior` as one pass (`kiln_kernels::lora::expand`); on Hopper a float base's layer runs its
+//! product and the update as one GEMM (`kiln_kernels::lora::linear`), forward and input gradient.
 
 use burn::tensor::{Shape, TensorMetadata, ops::FloatTensor};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use kiln_kernels::{lora::launch_dropout, row::vector_size_for};
 
-use super::{DropoutMask, ExpandSpec, LoraBackend, products};
+use super::products::{self, Kernels};
+use super::{DropoutMask, ExpandSpec, LoraBackend, LoraLinearGrads, LoraSpec};
+use crate::ops::matmul::MatmulBackend;
 use crate::backend::cube::{dense, empty_like_device, storage};
 
 impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> LoraBackend for CubeBackend<R, F, I, BT> {
@@ -21,12 +24,12 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> LoraBacken
         out
     }
 
-    fn lora_dy_products(dy: FloatTensor<Self>, h: FloatTensor<Self>, b: FloatTensor<Self>, scale: f32) -> (FloatTensor<Self>, FloatTensor<Self>) {
+    fn lora_dy_products(dy: FloatTensor<Self>, h: FloatTensor<Self>, b: FloatTensor<Self>, scales: [f32; 2]) -> (FloatTensor<Self>, FloatTensor<Self>) {
         #[cfg(feature = "cuda")]
         if let Some(fused) = fused::takes(&dy, &h, &b) {
-            return fused::dy_products(fused, dy, h, b, scale);
+            return fused::dy_products(fused, dy, h, b, scales);
         }
-        products::dy_products::<Self>(products::backend_gemm::<Self>, dy, h, b, scale)
+        products::dy_products::<Self>(Self::gemm, dy, h, b, scales)
     }
 
     fn lora_expand(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>, residual: Option<FloatTensor<Self>>, spec: ExpandSpec, out: Shape) -> FloatTensor<Self> {
@@ -34,7 +37,48 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> LoraBacken
         if let Some(fused) = fused::expand_takes(&lhs, &rhs, residual.as_ref(), &spec, &out) {
             return fused::expand(fused, lhs, rhs, residual, spec, out);
         }
-        products::expand::<Self>(products::backend_gemm::<Self>, Self::lora_dropout, lhs, rhs, residual, spec, out)
+        products::expand::<Self>(Self::gemm, Self::lora_dropout, lhs, rhs, residual, spec, out)
+    }
+
+    fn lora_linear_forward(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        spec: LoraSpec,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        #[cfg(feature = "cuda")]
+        if let Some(fit) = fused::linear_takes(&x, &w, &b, bias.as_ref(), fused::Pass::Forward) {
+            let hs = products::scaled_factor(&Kernels::<Self>::backend(), x.clone(), a, &spec);
+            let y = fused::linear(fit, x, w, hs.clone(), b, bias);
+            return (y, hs);
+        }
+        products::linear_forward(&Kernels::<Self>::backend(), x, w, bias, a, b, spec)
+    }
+
+    fn lora_linear_backward(
+        x: FloatTensor<Self>,
+        hs: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        spec: LoraSpec,
+        prior: Option<FloatTensor<Self>>,
+        want_dx: bool,
+    ) -> LoraLinearGrads<FloatTensor<Self>> {
+        // A dropout on the update's share, or a prior (which the composed path adds as its
+        // product's residual), keep `dx` composed.
+        #[cfg(feature = "cuda")]
+        if want_dx && spec.dropout.is_none() && prior.is_none() {
+            if let Some(fit) = fused::linear_takes(&dy, &w, &a, None, fused::Pass::InputGrad) {
+                let [dh, da, db] = products::rank_grads(&Kernels::<Self>::backend(), x, hs, b, dy.clone(), &spec, 1.0);
+                let dx = fused::linear(fit, dy, w, dh, a, None);
+                return LoraLinearGrads { x: Some(dx), a: da, b: db };
+            }
+        }
+        products::linear_backward(&Kernels::<Self>::backend(), x, hs, w, a, b, dy, spec, prior, want_dx)
     }
 }
 
@@ -46,6 +90,7 @@ mod fused {
     use kiln_kernels::cuda_source::FloatKind;
     use kiln_kernels::lora::dy::{self, DyArgs, DyPlan, launch_dy_products};
     use kiln_kernels::lora::expand::{self, ExpandArgs, ExpandPlan, launch_expand};
+    use kiln_kernels::lora::linear::{self as fused_linear, LinearArgs, Major, launch_linear};
 
     use super::ExpandSpec;
 
@@ -73,7 +118,7 @@ mod fused {
     }
 
     /// `(s · dy · B, s · dyᵀ · h)` by the fused kernel (`takes` said yes).
-    pub(super) fn dy_products<R: CubeRuntime>((kind, plan): (FloatKind, DyPlan), dy: CubeTensor<R>, h: CubeTensor<R>, b: CubeTensor<R>, scale: f32) -> (CubeTensor<R>, CubeTensor<R>) {
+    pub(super) fn dy_products<R: CubeRuntime>((kind, plan): (FloatKind, DyPlan), dy: CubeTensor<R>, h: CubeTensor<R>, b: CubeTensor<R>, scales: [f32; 2]) -> (CubeTensor<R>, CubeTensor<R>) {
         let (dy, h, b) = (aligned(dy), aligned(h), aligned(b));
         let client = cuda::client(&dy).expect("`takes` checked the runtime");
         let (tokens, r, out) = (h.shape()[0], h.shape()[1], b.shape()[0]);
@@ -83,7 +128,7 @@ mod fused {
         let dh = empty_like_device(&dy, [tokens, r], dy.dtype);
         let db = empty_like_device(&dy, [out, r], dy.dtype);
         let args = DyArgs { dy: binding(&dy), b: binding(&b), h: binding(&h), part_dh: binding(&part_dh), part_db: binding(&part_db), dh: binding(&dh), db: binding(&db) };
-        launch_dy_products(client, kind, plan, tokens, out, r, scale, args);
+        launch_dy_products(client, kind, plan, tokens, out, r, scales, args);
         (dh, db)
     }
 
@@ -119,5 +164,72 @@ mod fused {
         let args = ExpandArgs { l: binding(&lhs), right: binding(&rhs), residual: residual.as_ref().map(binding), out: binding(&result) };
         launch_expand(client, kind, plan, [rows, n, r], spec.scale, spec.dropout, args);
         result
+    }
+
+    /// Which product of a float base's LoRA layer the kernel runs: the forward `x · W + hs · Bᵀ`
+    /// or the input gradient `dy · Wᵀ + dh · A`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(super) enum Pass {
+        Forward,
+        InputGrad,
+    }
+
+    /// What a launch of the fused layer kernel needs: the element kind, how its W and R are
+    /// stored, and `[m, n, k, r]`.
+    pub(super) struct LinearFit {
+        kind: FloatKind,
+        majors: [Major; 2],
+        shape: [usize; 4],
+    }
+
+    /// Whether the base's `[in, out]` weight is stored as given (`[in, out]` row-major), else as
+    /// a transposed view of a row-major `[out, in]` buffer; `None` for any other layout.
+    fn stored_in_out<R: CubeRuntime>(w: &CubeTensor<R>) -> Option<bool> {
+        let ([d_in, d_out], strides) = (w.shape().dims(), w.meta.strides());
+        if strides[1] == 1 && (strides[0] == d_out || d_in == 1) {
+            Some(true)
+        } else if strides[0] == 1 && (strides[1] == d_in || d_out == 1) {
+            Some(false)
+        } else {
+            None
+        }
+    }
+
+    /// The launch, if the fused layer kernel takes `pass` with `lhs` (`x` or `dy`), the base's
+    /// weight `w` and the update's right factor `right` (`B` `[out, r]` forward, `A` `[r, in]`
+    /// backward): one f16/bf16 dtype, a device of compute capability 9.0 (the kernel is
+    /// `sm_90a`), `w` read in place (stored either way round, 16-byte aligned) and sizes the
+    /// kernel [`fused_linear::serves`].
+    pub(super) fn linear_takes<R: CubeRuntime>(lhs: &CubeTensor<R>, w: &CubeTensor<R>, right: &CubeTensor<R>, bias: Option<&CubeTensor<R>>, pass: Pass) -> Option<LinearFit> {
+        let kind = cuda::float_kind(lhs.dtype)?;
+        let same = [w, right].into_iter().chain(bias).all(|t| t.dtype == lhs.dtype);
+        if !same || cuda::compute_capability(cuda::device_index(lhs)?)? != (9, 0) || !w.handle.offset_start.unwrap_or(0).is_multiple_of(16) {
+            return None;
+        }
+        let in_out = stored_in_out(w)?;
+        let sms = cuda::client(lhs)?.properties().hardware.num_streaming_multiprocessors.unwrap_or(1) as usize;
+        let ([d_in, d_out], width) = (w.shape().dims(), lhs.shape()[lhs.shape().num_dims() - 1]);
+        let r = if pass == Pass::Forward { right.shape()[1] } else { right.shape()[0] };
+        let rows = lhs.shape().num_elements() / width.max(1);
+        // The forward reads W `[k, n]` = `[in, out]`; the input gradient W `[n, k]` = `[in, out]`,
+        // and the update's R is B `[n, r]` forward, A `[r, n]` backward.
+        let (n, k, w_major, r_major) = match pass {
+            Pass::Forward => (d_out, d_in, if in_out { Major::N } else { Major::K }, Major::K),
+            Pass::InputGrad => (d_in, d_out, if in_out { Major::K } else { Major::N }, Major::N),
+        };
+        let shape = [rows, n, k, r];
+        fused_linear::serves(kind, shape, sms).then_some(LinearFit { kind, majors: [w_major, r_major], shape })
+    }
+
+    /// `lhs · W + l · Rᵀ + bias` by the fused layer kernel (`linear_takes` said yes), in `lhs`'s
+    /// shape with its last axis `n`.
+    pub(super) fn linear<R: CubeRuntime>(fit: LinearFit, lhs: CubeTensor<R>, w: CubeTensor<R>, l: CubeTensor<R>, right: CubeTensor<R>, bias: Option<CubeTensor<R>>) -> CubeTensor<R> {
+        let (lhs, l, right, bias) = (aligned(lhs), aligned(l), aligned(right), bias.map(aligned));
+        let client = cuda::client(&lhs).expect("`linear_takes` checked the runtime");
+        let out_shape = super::products::with_last(lhs.shape(), fit.shape[1]);
+        let out = empty_like_device(&lhs, out_shape, lhs.dtype);
+        let args = LinearArgs { x: binding(&lhs), w: binding(&w), l: binding(&l), r: binding(&right), bias: bias.as_ref().map(binding), out: binding(&out) };
+        launch_linear(client, fit.kind, fit.shape, fit.majors, args);
+        out
     }
 }

@@ -1,10 +1,11 @@
 //! LoRA as custom operations of Burn's fusion stream: the forward (both products) and the
-//! backward (four products, two dropouts) are one recorded operation each.
+//! backward (four products, two dropouts) are one recorded operation each, and so are a float
+//! base's LoRA layer's forward and backward ([`LoraBackend::lora_linear_forward`]).
 
 use burn::tensor::ops::FloatTensor;
 use burn_fusion::{Fusion, FusionBackend};
 
-use super::{DropoutMask, LoraBackend, LoraGrads, LoraSpec};
+use super::{DropoutMask, LoraBackend, LoraGrads, LoraLinearGrads, LoraSpec};
 use crate::backend::fusion::{FusedOp, register};
 
 #[derive(Clone, Debug)]
@@ -41,6 +42,36 @@ impl<B: FusionBackend + LoraBackend> FusedOp<B> for Backward {
     }
 }
 
+/// The inputs are `x, w, a, b`, then the bias where there is one.
+#[derive(Clone, Debug)]
+struct LinearForward(LoraSpec);
+
+impl<B: FusionBackend + LoraBackend> FusedOp<B> for LinearForward {
+    fn run(&self, inputs: Vec<FloatTensor<B>>) -> Vec<FloatTensor<B>> {
+        let mut inputs = inputs.into_iter();
+        let [x, w, a, b] = [(); 4].map(|_| inputs.next().expect("the forward's four inputs"));
+        let (y, hs) = B::lora_linear_forward(x, w, inputs.next(), a, b, self.0);
+        vec![y, hs]
+    }
+}
+
+/// The inputs are `x, hs, w, a, b, dy`, then the prior gradient of `x` where there is one; the
+/// outputs `dA, dB`, then `dx` where it is asked for.
+#[derive(Clone, Debug)]
+struct LinearBackward {
+    spec: LoraSpec,
+    want_dx: bool,
+}
+
+impl<B: FusionBackend + LoraBackend> FusedOp<B> for LinearBackward {
+    fn run(&self, inputs: Vec<FloatTensor<B>>) -> Vec<FloatTensor<B>> {
+        let mut inputs = inputs.into_iter();
+        let [x, hs, w, a, b, dy] = [(); 6].map(|_| inputs.next().expect("the backward's six inputs"));
+        let g = B::lora_linear_backward(x, hs, w, a, b, dy, self.spec, inputs.next(), self.want_dx);
+        [g.a, g.b].into_iter().chain(g.x).collect()
+    }
+}
+
 impl<B: FusionBackend + LoraBackend> LoraBackend for Fusion<B> {
     fn lora_dropout(x: FloatTensor<Self>, mask: DropoutMask) -> FloatTensor<Self> {
         let out = (x.shape.clone(), x.dtype);
@@ -73,5 +104,42 @@ impl<B: FusionBackend + LoraBackend> LoraBackend for Fusion<B> {
         let inputs = [x, h, a, b, dy].into_iter().chain(prior).collect();
         let [x, a, b]: [_; 3] = register::<B, _>("kiln_lora_backward", inputs, outputs, Backward(spec)).try_into().unwrap();
         LoraGrads { x, a, b }
+    }
+
+    fn lora_linear_forward(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        spec: LoraSpec,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let rows = x.shape.num_elements() / a.shape[1].max(1);
+        let out = super::products::with_last(x.shape.clone(), w.shape[1]);
+        let outputs = vec![(out, x.dtype), ([rows, a.shape[0]].into(), x.dtype)];
+        let inputs = [x, w, a, b].into_iter().chain(bias).collect();
+        let [y, hs]: [_; 2] = register::<B, _>("kiln_lora_linear_forward", inputs, outputs, LinearForward(spec)).try_into().unwrap();
+        (y, hs)
+    }
+
+    fn lora_linear_backward(
+        x: FloatTensor<Self>,
+        hs: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        spec: LoraSpec,
+        prior: Option<FloatTensor<Self>>,
+        want_dx: bool,
+    ) -> LoraLinearGrads<FloatTensor<Self>> {
+        let mut outputs = vec![(a.shape.clone(), a.dtype), (b.shape.clone(), b.dtype)];
+        if want_dx {
+            outputs.push((x.shape.clone(), x.dtype));
+        }
+        let inputs = [x, hs, w, a, b, dy].into_iter().chain(prior).collect();
+        let mut grads = register::<B, _>("kiln_lora_linear_backward", inputs, outputs, LinearBackward { spec, want_dx }).into_iter();
+        let [a, b] = [(); 2].map(|_| grads.next().expect("dA and dB"));
+        LoraLinearGrads { x: grads.next(), a, b }
     }
 }

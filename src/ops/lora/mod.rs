@@ -12,6 +12,12 @@
 //! (`kiln_kernels::lora::expand`); without one the prior is the `dx` product's `C`.
 //! The dropout mask is a hash of the element index and a seed (`kiln_kernels::lora`), rebuilt in
 //! the backward instead of stored.
+//!
+//! Over a float base, [`lora_linear`] is the whole layer, `x · W + b + s · dropout(x) · Aᵀ · Bᵀ`,
+//! as one operation, so that a backend may run the base's product and the update as one GEMM: on
+//! Hopper the forward's `y` and (without a dropout) the input gradient `dy · Wᵀ + dh · A` are one
+//! kernel each (`kiln_kernels::lora::linear`), the update one more block of the base's reduction
+//! instead of a second pass over the `[rows, out]` output.
 
 mod backward;
 mod cube;
@@ -57,6 +63,15 @@ pub struct LoraGrads<T> {
     pub b: T,
 }
 
+/// The gradients of [`lora_linear`] with respect to `x` (base and update; `None` when not asked
+/// for), `A` and `B`.
+#[derive(Debug, Clone)]
+pub struct LoraLinearGrads<T> {
+    pub x: Option<T>,
+    pub a: T,
+    pub b: T,
+}
+
 /// Backend support for LoRA updates (and, through [`DoraBackend`], DoRA's rescaling of them). The
 /// default methods run the products through the backend's [`MatmulBackend::gemm`] and the dropout
 /// through [`LoraBackend::lora_dropout`], whose default is the reference (a mask built on the
@@ -79,17 +94,18 @@ pub trait LoraBackend: MatmulBackend + DoraBackend {
         products::forward(&products::Kernels::<Self>::backend(), x, base, a, b, spec)
     }
 
-    /// `(dh, dB) = (s · dy · B, s · dyᵀ · h)`, the backward's two products that read `dy`
-    /// (`[.., out]`; `h` is `[rows, r]`, `b` `[out, r]`, `dh` `[rows, r]`, `dB` `[out, r]`).
-    fn lora_dy_products(dy: FloatTensor<Self>, h: FloatTensor<Self>, b: FloatTensor<Self>, scale: f32) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        products::dy_products::<Self>(products::backend_gemm::<Self>, dy, h, b, scale)
+    /// `(dh, dB) = (s_dh · dy · B, s_db · dyᵀ · h)` for `scales = [s_dh, s_db]`, the backward's
+    /// two products that read `dy` (`[.., out]`; `h` is `[rows, r]`, `b` `[out, r]`, `dh`
+    /// `[rows, r]`, `dB` `[out, r]`).
+    fn lora_dy_products(dy: FloatTensor<Self>, h: FloatTensor<Self>, b: FloatTensor<Self>, scales: [f32; 2]) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        products::dy_products::<Self>(Self::gemm, dy, h, b, scales)
     }
 
     /// `dropout(s · lhs · op(rhs)) + residual` in the shape `out`, a product that expands the
     /// rank-r `lhs` (`[rows, r]`) to the full width: the forward's `base + s · h · Bᵀ` (`rhs` `B`
     /// `[out, r]`, transposed) and the backward's `dropout(dh · A) + prior` (`rhs` `A` `[r, in]`).
     fn lora_expand(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>, residual: Option<FloatTensor<Self>>, spec: ExpandSpec, out: Shape) -> FloatTensor<Self> {
-        products::expand::<Self>(products::backend_gemm::<Self>, Self::lora_dropout, lhs, rhs, residual, spec, out)
+        products::expand::<Self>(Self::gemm, Self::lora_dropout, lhs, rhs, residual, spec, out)
     }
 
     /// The gradients of `x` (plus `prior`, a gradient of `x` registered before), `A` and `B` from
@@ -105,6 +121,37 @@ pub trait LoraBackend: MatmulBackend + DoraBackend {
         prior: Option<FloatTensor<Self>>,
     ) -> LoraGrads<FloatTensor<Self>> {
         products::backward(&products::Kernels::<Self>::backend(), x, h, a, b, dy, spec, prior)
+    }
+
+    /// `(y, hs)` of a LoRA layer over a float base: `y = x · W + bias + hs · Bᵀ` (`W` the base's
+    /// `[in, out]` weight, `y` `[.., out]`) and `hs = s · dropout(x) · Aᵀ` (`[rows, r]`, kept for
+    /// the backward).
+    fn lora_linear_forward(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        spec: LoraSpec,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        products::linear_forward(&products::Kernels::<Self>::backend(), x, w, bias, a, b, spec)
+    }
+
+    /// The gradients of [`LoraBackend::lora_linear_forward`] from its `x` and `hs` and the output
+    /// gradient: `dx = dy · Wᵀ + dropout(s · dy · B · A) + prior` (when `want_dx`), `dA` and `dB`.
+    #[allow(clippy::too_many_arguments)]
+    fn lora_linear_backward(
+        x: FloatTensor<Self>,
+        hs: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        spec: LoraSpec,
+        prior: Option<FloatTensor<Self>>,
+        want_dx: bool,
+    ) -> LoraLinearGrads<FloatTensor<Self>> {
+        products::linear_backward(&products::Kernels::<Self>::backend(), x, hs, w, a, b, dy, spec, prior, want_dx)
     }
 }
 
@@ -123,18 +170,49 @@ pub fn lora<B: LoraBackend, const D: usize>(x: Tensor<B, D>, base: Tensor<B, D>,
     wrap(B::lora_forward(prim(x), prim(base), prim(a), prim(b), spec).0)
 }
 
+/// `x · weight + bias + s · dropout(x) · Aᵀ · Bᵀ` over the last axis: a LoRA layer over a float
+/// base in one operation ([`lora`] takes the base's output instead). `weight` is the base's
+/// `[in, out]` (Burn's layout), `bias` `[out]`, `a` `[r, in]` and `b` `[out, r]` (PEFT's layouts).
+///
+/// # Panics
+/// If the shapes do not fit as above, or the dtypes differ or are not float.
+pub fn lora_linear<B: LoraBackend, const D: usize>(
+    x: Tensor<B, D>,
+    weight: Tensor<B, 2>,
+    bias: Option<Tensor<B, 1>>,
+    a: Tensor<B, 2>,
+    b: Tensor<B, 2>,
+    spec: LoraSpec,
+) -> Tensor<B, D> {
+    const OP: &str = "lora_linear";
+    let (xs, ws) = (x.shape(), weight.shape());
+    ensure(D >= 1 && xs[D - 1] == ws[0], OP, || format!("x {:?} must end in d_input of weight {:?} ([d_input, d_output])", xs.as_slice(), ws.as_slice()));
+    let out = products::with_last(xs.clone(), ws[1]);
+    check(OP, &xs, &out, &a.shape(), &b.shape());
+    ensure_float(OP, "x", x.dtype());
+    let mut dtypes = vec![("x", x.dtype()), ("weight", weight.dtype()), ("a", a.dtype()), ("b", b.dtype())];
+    if let Some(bias) = &bias {
+        ensure(bias.shape().as_slice() == [ws[1]], OP, || format!("bias {:?} must be [d_output] = [{}]", bias.shape().as_slice(), ws[1]));
+        dtypes.push(("bias", bias.dtype()));
+    }
+    ensure_same_dtype(OP, &dtypes);
+    wrap(B::lora_linear_forward(prim(x), prim(weight), bias.map(prim), prim(a), prim(b), spec).0)
+}
+
 /// `x` under LoRA's dropout `mask` (the same elements [`lora`] drops with it).
 pub fn lora_dropout<B: LoraBackend, const D: usize>(x: Tensor<B, D>, mask: DropoutMask) -> Tensor<B, D> {
     ensure_float("lora_dropout", "x", x.dtype());
     wrap(B::lora_dropout(prim(x), mask))
 }
 
-fn check(op: &str, x: &Shape, base: &Shape, a: &Shape, b: &Shape) {
+/// `x` `[.., in]` against the layer's output shape `out` (the base's output for [`lora`]), `a`
+/// `[r, in]` and `b` `[out, r]`.
+fn check(op: &str, x: &Shape, out: &Shape, a: &Shape, b: &Shape) {
     let d = x.num_dims();
-    let shapes = || format!("x {:?}, base {:?}, a {:?}, b {:?}", x.as_slice(), base.as_slice(), a.as_slice(), b.as_slice());
-    ensure(d >= 1 && base.num_dims() == d, op, || format!("x and base must have the same rank ≥ 1: {}", shapes()));
-    let (d_in, d_out, r) = (x[d - 1], base[d - 1], a[0]);
-    ensure(x.as_slice()[..d - 1] == base.as_slice()[..d - 1], op, || format!("x and base must share their leading axes: {}", shapes()));
+    let shapes = || format!("x {:?}, output {:?}, a {:?}, b {:?}", x.as_slice(), out.as_slice(), a.as_slice(), b.as_slice());
+    ensure(d >= 1 && out.num_dims() == d, op, || format!("x and the base's output must have the same rank ≥ 1: {}", shapes()));
+    let (d_in, d_out, r) = (x[d - 1], out[d - 1], a[0]);
+    ensure(x.as_slice()[..d - 1] == out.as_slice()[..d - 1], op, || format!("x and the base's output must share their leading axes: {}", shapes()));
     ensure(a[1] == d_in && b[0] == d_out && b[1] == r, op, || format!("a must be [r, in] and b [out, r]: {}", shapes()));
     ensure(x.num_elements() <= u32::MAX as usize, op, || format!("x has more than 2³² elements (the dropout hash indexes with 32 bits): {}", shapes()));
 }

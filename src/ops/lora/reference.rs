@@ -4,7 +4,7 @@
 use burn::tensor::{FloatDType, TensorData, TensorMetadata, backend::Backend, ops::FloatTensor};
 
 use super::products::{self, Kernels};
-use super::{DropoutMask, LoraGrads, LoraSpec};
+use super::{DropoutMask, LoraGrads, LoraLinearGrads, LoraSpec};
 use crate::ops::compute_dtype;
 
 /// `x · keep(i) / (1 − p)` elementwise, in f32 (f64 for f64), stored in `x`'s dtype.
@@ -33,4 +33,31 @@ pub fn backward<B: Backend>(
     prior: Option<FloatTensor<B>>,
 ) -> LoraGrads<FloatTensor<B>> {
     products::backward(&Kernels::<B>::reference(), x, h, a, b, dy, spec, prior)
+}
+
+/// `(y, hs)` of [`super::LoraBackend::lora_linear_forward`].
+pub fn linear_forward<B: Backend>(
+    x: FloatTensor<B>,
+    w: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
+    a: FloatTensor<B>,
+    b: FloatTensor<B>,
+    spec: LoraSpec,
+) -> (FloatTensor<B>, FloatTensor<B>) {
+    products::linear_forward(&Kernels::<B>::reference(), x, w, bias, a, b, spec)
+}
+
+/// The gradients of [`super::LoraBackend::lora_linear_backward`], `dx` included.
+#[allow(clippy::too_many_arguments)]
+pub fn linear_backward<B: Backend>(
+    x: FloatTensor<B>,
+    hs: FloatTensor<B>,
+    w: FloatTensor<B>,
+    a: FloatTensor<B>,
+    b: FloatTensor<B>,
+    dy: FloatTensor<B>,
+    spec: LoraSpec,
+    prior: Option<FloatTensor<B>>,
+) -> LoraLinearGrads<FloatTensor<B>> {
+    products::linear_backward(&Kernels::<B>::reference(), x, hs, w, a, b, dy, spec, prior, true)
 }
