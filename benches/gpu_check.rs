@@ -90,6 +90,9 @@ fn parity(device: &CudaDevice, filter: &str) -> bool {
         for case in lora::parity_cases() {
             report(format!("lora {case:?} {dtype:?}"), &|| run_check(&case, device, dtype));
         }
+        for case in lora::linear_parity_cases() {
+            report(format!("lora_linear {case:?} {dtype:?}"), &|| lora::with_fused_layer("1", || run_check(&case, device, dtype)));
+        }
         for case in dora::op_cases() {
             report(format!("dora {case:?} {dtype:?}"), &|| run_check(&case, device, dtype));
         }
@@ -115,6 +118,9 @@ fn parity(device: &CudaDevice, filter: &str) -> bool {
     // f16 takes the same fused LoRA kernels as bf16, with the other MMA.
     for case in lora::parity_cases() {
         report(format!("lora {case:?} F16"), &|| run_check(&case, device, DType::F16));
+    }
+    for case in lora::linear_parity_cases() {
+        report(format!("lora_linear {case:?} F16"), &|| lora::with_fused_layer("1", || run_check(&case, device, DType::F16)));
     }
     ok
 }

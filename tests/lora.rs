@@ -45,7 +45,7 @@ fn lora_runs_through_autodiff_ndarray() {
 
 fn linear_cases() -> Vec<LoraLinearCase> {
     #[allow(clippy::too_many_arguments)]
-    let case = |batch, m, d_in, d_out, rank, dropout, bias, transposed, x_grad, base_grad, seed| LoraLinearCase {
+    let case = |batch, m, d_in, d_out, rank, dropout, bias, transposed, x_grad, base_grad, seed: u64| LoraLinearCase {
         batch,
         m,
         d_in,
@@ -56,6 +56,7 @@ fn linear_cases() -> Vec<LoraLinearCase> {
         bias,
         transposed,
         x_grad,
+        prior: x_grad && seed % 2 == 0,
         base_grad,
         seed,
     };

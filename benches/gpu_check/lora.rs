@@ -8,7 +8,7 @@ use burn::tensor::{DType, Distribution, Tensor};
 use kiln::nn::{Linear, LinearLayer, LoraAdapter, LoraConfig, LoraLinear, Nf4Linear};
 use kiln::ops::nf4::QuantType;
 
-use super::common::adapters::LoraCase;
+use super::common::adapters::{LoraCase, LoraLinearCase};
 use super::B;
 
 pub(super) type Ad = Autodiff<B>;
@@ -30,6 +30,40 @@ pub fn parity_cases() -> Vec<LoraCase> {
         // kernel's tiles, ranks 16 and 8 (an odd number of 8-column MMA tiles).
         case(1, 300, 512, 1000, 16, 0.0, 6),
         case(2, 129, 256, 4104, 8, 0.1, 7),
+    ]
+}
+
+/// Cases of a LoRA layer over a float base in one op (`lora_linear`), run with `KILN_LORA_LINEAR=1`
+/// ([`with_fused_layer`]) so that in f16/bf16 on Hopper the fused kernel takes shapes too small
+/// for it to be chosen (`linear.cu`'s large shapes are the probe harness's): the first five take
+/// it forward, and without a dropout and a prior also for the input gradient. `W` as stored and
+/// transposed (the two layouts of each pass), ranks 8, 16 and 64, rows, columns and a reduction
+/// off the tiles (k = 1000: a partial last block), a bias, a base that trains. The last (rank 4)
+/// falls back to the composed products.
+pub fn linear_parity_cases() -> Vec<LoraLinearCase> {
+    #[allow(clippy::too_many_arguments)]
+    let case = |m, d_in, d_out, rank, dropout, bias, transposed, prior, base_grad, seed| LoraLinearCase {
+        batch: 2,
+        m,
+        d_in,
+        d_out,
+        rank,
+        scale: 2.0,
+        dropout,
+        bias,
+        transposed,
+        x_grad: true,
+        prior,
+        base_grad,
+        seed,
+    };
+    vec![
+        case(300, 640, 520, 16, 0.0, true, false, false, false, 1),
+        case(150, 1000, 1032, 64, 0.0, false, true, false, false, 2),
+        case(200, 776, 640, 8, 0.1, true, false, false, false, 3),
+        case(300, 640, 640, 16, 0.0, false, true, true, false, 4),
+        case(260, 520, 776, 16, 0.0, true, false, false, true, 5),
+        case(33, 1000, 264, 4, 0.0, true, true, false, false, 6),
     ]
 }
 
@@ -62,8 +96,20 @@ pub(super) fn step<L: LinearLayer<Ad>>(layer: &L, x: &Tensor<Ad, 2>, dy: &Tensor
     super::time_adaptive(device, 0.3, 100, || train_step(layer, x, dy))
 }
 
+/// Runs `f` with `KILN_LORA_LINEAR` set to `value` (`0`: a float base's LoRA layer as composed
+/// products, not the fused kernel; `1`: the kernel on every shape it runs), then unset.
+pub(super) fn with_fused_layer<T>(value: &str, f: impl FnOnce() -> T) -> T {
+    // SAFETY: single-threaded here; the kernel's fit check reads the variable at the next call.
+    unsafe { std::env::set_var("KILN_LORA_LINEAR", value) }
+    let out = f();
+    unsafe { std::env::remove_var("KILN_LORA_LINEAR") }
+    out
+}
+
 /// A LoRA layer's step (bf16 base `Linear`, rank 16, with and without dropout 0.1) and a QLoRA
 /// layer's (NF4 base), each next to its base alone, 4096 tokens; the loss ops' own time beside.
+/// Then the LoRA step alternated with and without the fused layer kernel (`KILN_LORA_LINEAR=0`),
+/// three rounds, each next to a base step of its own.
 pub fn bench_steps(device: &CudaDevice) {
     for (d_in, d_out) in STEPS {
         let x = bf16([TOKENS, d_in], 1.0, device).require_grad();
@@ -90,6 +136,17 @@ pub fn bench_steps(device: &CudaDevice) {
             ms(qlora - qbase),
             ms(loss_only)
         );
+        let layer = LoraLinear::frozen(linear.clone()).with_adapter(adapter(d_in, d_out, 0.0, device));
+        for round in 0..3 {
+            let [fused, composed] = ["1", "0"].map(|value| {
+                with_fused_layer(value, || {
+                    let base = step(&LoraLinear::frozen(linear.clone()), &x, &dy, device);
+                    let lora = step(&layer, &x, &dy, device);
+                    format!("base {:.3} ms, lora {:.3} ms ({:.3}x)", ms(base), ms(lora), lora / base)
+                })
+            });
+            println!("bench lora step t{TOKENS} k{d_in} n{d_out} r{RANK} bf16 round {round}: fused layer {fused} | composed {composed}");
+        }
     }
 }
 

@@ -86,9 +86,9 @@ impl Case for LoraCase {
 /// `y = x · W + b + s · dropout(x) · Aᵀ · Bᵀ` ([`ops::lora::lora_linear`]) on `x [batch, m,
 /// d_in]` with Burn's `W [d_in, d_out]` (built as it is stored, or as the transposed view of an
 /// `[d_out, in]` tensor, as a checkpoint's weight may be), an optional bias, `A [r, d_in]`, `B
-/// [out, r]`; the gradients of `x` (where `x` is tracked; a second consumer registers its share
-/// first), `A`, `B`, and of `W` and the bias where the base trains. The reference is the formula
-/// in plain Burn ops.
+/// [out, r]`; the gradients of `x` (where `x` is tracked; with `prior` a second consumer registers
+/// its share first), `A`, `B`, and of `W` and the bias where the base trains. The reference is the
+/// formula in plain Burn ops.
 #[derive(Debug, Clone, Copy)]
 pub struct LoraLinearCase {
     pub batch: usize,
@@ -103,6 +103,8 @@ pub struct LoraLinearCase {
     pub transposed: bool,
     /// `x` tracked (its gradient asked for).
     pub x_grad: bool,
+    /// A second consumer of a tracked `x` whose gradient is registered first.
+    pub prior: bool,
     /// `W` and the bias tracked: a base that trains.
     pub base_grad: bool,
     pub seed: u64,
@@ -142,7 +144,7 @@ impl Case for LoraLinearCase {
             }
         };
         let loss = weighted(y.clone(), s + 5, device);
-        let loss = if self.x_grad { loss + weighted((x.clone() * 0.5).tanh() * 2.0, s + 6, device) } else { loss };
+        let loss = if self.x_grad && self.prior { loss + weighted((x.clone() * 0.5).tanh() * 2.0, s + 6, device) } else { loss };
         let grads = loss.backward();
         let mut outputs = vec![("y", values(y)), ("da", grad(&a, &grads)), ("db", grad(&bw, &grads))];
         if self.x_grad {

@@ -48,19 +48,24 @@ pub enum Major {
 /// `k = 4096`): at least three quarters of a wave of tiles (1024 rows against 4096 columns,
 /// 128 tiles: 0.047 against 0.052 ms; 512 rows, 64 tiles: 0.044 against 0.030) and a reduction of
 /// 2048 or more (777 × 1088 → 4104, 132 tiles: 0.023 against 0.020 ms). `KILN_LORA_LINEAR=0`
-/// turns it off, for measuring the other path. The caller checks the device (compute capability
+/// turns it off, for measuring the other path, and `=1` takes every shape it can run (the GPU
+/// check's parity on small, ragged shapes). The caller checks the device (compute capability
 /// 9.0: the source is `sm_90a`) and 16-byte aligned buffers.
 pub fn serves(kind: FloatKind, [m, n, k, r]: [usize; 4], sms: usize) -> bool {
     let tiles = m.div_ceil(TOKS) * n.div_ceil(FEATS);
-    kind != FloatKind::F32
+    let runs = kind != FloatKind::F32
+        && m > 0
         && (1..=MAX_RANK).contains(&r)
         && r.is_multiple_of(8)
         && n.is_multiple_of(8)
         && k.is_multiple_of(8)
-        && k >= 2048
-        && 4 * tiles >= 3 * sms
-        && m.max(n).max(k) < i32::MAX as usize
-        && crate::measurement_override("KILN_LORA_LINEAR", 0..=1) != Some(0)
+        && m.max(n).max(k) < i32::MAX as usize;
+    let faster = k >= 2048 && 4 * tiles >= 3 * sms;
+    match crate::measurement_override("KILN_LORA_LINEAR", 0..=1) {
+        Some(0) => false,
+        Some(_) => runs,
+        None => runs && faster,
+    }
 }
 
 /// The bindings of one product: `x` `[m, k]`, `w` and `r` stored as their [`Major`] says, `l`
@@ -133,6 +138,7 @@ mod tests {
         assert!(!ok(FloatKind::Bf16, [4096, 4100, 4096, 16]));
         assert!(!ok(FloatKind::Bf16, [512, 4096, 4096, 16])); // 64 tiles
         assert!(!ok(FloatKind::Bf16, [4096, 4096, 1088, 16])); // short reduction
+        assert!(!ok(FloatKind::Bf16, [0, 4096, 4096, 16]));
     }
 
     /// The launch's shared memory fits Hopper's 227 KB a cube, and the source defines its
