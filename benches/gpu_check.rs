@@ -696,6 +696,9 @@ fn main() {
     if mode == "lora-dy-parity" || mode == "all" {
         ok &= lora::dy_parity(&device);
     }
+    if mode == "lora-linear-parity" || mode == "all" {
+        ok &= lora::linear_parity(&device);
+    }
     if mode == "lora-expand-parity" || mode == "all" {
         ok &= lora::expand_parity(&device);
     }

@@ -297,3 +297,96 @@ pub fn expand_parity(device: &CudaDevice) -> bool {
     }
     ok
 }
+
+/// The fused layer kernel (`kiln_kernels::lora::linear`) through `CubeBackend`'s
+/// `lora_linear_forward` (`y`) and `lora_linear_backward` (`dx`, no dropout, no prior), forced
+/// onto small ragged shapes with `KILN_LORA_LINEAR=1`, against f64 on the host next to the
+/// same-precision path: f32 sums of the rounded inputs, the rank-r factor (`s · x · Aᵀ`, `s · dy ·
+/// B`) rounded as the kernel reads it, rounded once. `CubeBackend` itself, with a host oracle:
+/// the autodiff cases ([`linear_parity_cases`]) autotune Burn's reference products for minutes
+/// on every new shape. Cases: `W` as stored and transposed (both layouts of each pass), a bias,
+/// ranks 8–64, a reduction off the 64-wide blocks (1000, 776), rows and columns off the tiles.
+pub fn linear_parity(device: &CudaDevice) -> bool {
+    use burn::tensor::{TensorData, TensorPrimitive, bf16, f16};
+    use kiln::ops::lora::{LoraBackend, LoraSpec};
+    use kiln_kernels::{cuda_source::FloatKind, lora::linear::serves};
+    use super::Cube;
+    use super::common::{compare, poison, random, tensor, values};
+
+    let round = |v: f32, dtype: DType| if dtype == DType::F16 { f16::from_f32(v).to_f64() } else { bf16::from_f32(v).to_f64() };
+    let prim = |t: Tensor<Cube, 2>| t.into_primitive().tensor();
+    let back = |t| values(Tensor::<Cube, 2>::from_primitive(TensorPrimitive::Float(t)));
+    // `Σ_k l(i, k) · r(k, j)` for an `[m, n]` result: (f64, f32) sums.
+    let product = |m: usize, n: usize, depth: usize, l: &dyn Fn(usize, usize) -> f64, r: &dyn Fn(usize, usize) -> f64| {
+        let (mut exact, mut same) = (vec![0.0f64; m * n], vec![0.0f32; m * n]);
+        for i in 0..m {
+            for k in 0..depth {
+                let a = l(i, k);
+                for j in 0..n {
+                    let b = r(k, j);
+                    exact[i * n + j] += a * b;
+                    same[i * n + j] += a as f32 * b as f32;
+                }
+            }
+        }
+        (exact, same)
+    };
+    let scale = 2.0f32;
+    let mut ok = true;
+    with_fused_layer("1", || {
+        for dtype in [DType::BF16, DType::F16] {
+            for (rows, d_in, d_out, r, with_bias, transposed, seed) in
+                [(600, 640, 520, 16, true, false, 1u64), (300, 1000, 1032, 64, false, true, 2), (517, 776, 640, 8, true, true, 3), (9, 64, 72, 24, false, false, 4)]
+            {
+                poison::<Cube>(device, 4 * rows * (d_in + d_out), dtype);
+                let scaled = |shape: [usize; 2], seed: u64, by: f64| {
+                    let v: Vec<f64> = random(&shape, seed).to_vec::<f64>().unwrap().iter().map(|v| v * by).collect();
+                    tensor::<Cube, 2>(&TensorData::new(v, shape), dtype, device)
+                };
+                let x = scaled([rows, d_in], seed, 1.0);
+                let stored = if transposed { [d_out, d_in] } else { [d_in, d_out] };
+                let w_stored = scaled(stored, seed + 1, 1.0 / (d_in as f64).sqrt());
+                let w = if transposed { w_stored.clone().transpose() } else { w_stored.clone() };
+                let a = scaled([r, d_in], seed + 2, 1.0 / (d_in as f64).sqrt());
+                let b = scaled([d_out, r], seed + 3, 0.5);
+                let dy = scaled([rows, d_out], seed + 4, 1.0);
+                let bias = with_bias.then(|| scaled([1, d_out], seed + 5, 1.0));
+                let [xh, wh, ah, bh, dyh] = [&x, &w, &a, &b, &dy].map(|t| values(t.clone()));
+                let bias_h = bias.as_ref().map(|t| values(t.clone())).unwrap_or_else(|| vec![0.0; d_out]);
+                let spec = LoraSpec { scale, dropout: None };
+                let bias_prim = bias.map(|t| t.reshape([d_out]).into_primitive().tensor());
+                let (y, hs) = Cube::lora_linear_forward(prim(x.clone()), prim(w.clone()), bias_prim, prim(a.clone()), prim(b.clone()), spec);
+                let g = Cube::lora_linear_backward(prim(x), hs, prim(w), prim(a), prim(b), prim(dy), spec, None, true);
+                let (y, dx) = (back(y), back(g.x.expect("dx was asked for")));
+                // Forward: hs = round(s · x · Aᵀ), y = x · W + hs · Bᵀ + bias.
+                let (h_exact, h_same) = product(rows, r, d_in, &|i, k| xh[i * d_in + k], &|k, j| ah[j * d_in + k]);
+                let hs_r: Vec<f64> = h_same.iter().map(|v| round(scale * v, dtype)).collect();
+                let (base_exact, base_same) = product(rows, d_out, d_in, &|i, k| xh[i * d_in + k], &|k, j| wh[k * d_out + j]);
+                let (up_exact, _) = product(rows, d_out, r, &|i, k| scale as f64 * h_exact[i * r + k], &|k, j| bh[j * r + k]);
+                let (_, up_same) = product(rows, d_out, r, &|i, k| hs_r[i * r + k], &|k, j| bh[j * r + k]);
+                let y_exact: Vec<f64> = (0..rows * d_out).map(|i| base_exact[i] + up_exact[i] + bias_h[i % d_out]).collect();
+                let y_same: Vec<f64> = (0..rows * d_out).map(|i| round(base_same[i] + up_same[i] + bias_h[i % d_out] as f32, dtype)).collect();
+                // Input gradient: dh = round(s · dy · B), dx = dy · Wᵀ + dh · A.
+                let (dh_exact, dh_same) = product(rows, r, d_out, &|i, k| dyh[i * d_out + k], &|k, j| bh[k * r + j]);
+                let dh_r: Vec<f64> = dh_same.iter().map(|v| round(scale * v, dtype)).collect();
+                let (gb_exact, gb_same) = product(rows, d_in, d_out, &|i, k| dyh[i * d_out + k], &|k, j| wh[j * d_out + k]);
+                let (gu_exact, _) = product(rows, d_in, r, &|i, k| scale as f64 * dh_exact[i * r + k], &|k, j| ah[k * d_in + j]);
+                let (_, gu_same) = product(rows, d_in, r, &|i, k| dh_r[i * r + k], &|k, j| ah[k * d_in + j]);
+                let dx_exact: Vec<f64> = (0..rows * d_in).map(|i| gb_exact[i] + gu_exact[i]).collect();
+                let dx_same: Vec<f64> = (0..rows * d_in).map(|i| round(gb_same[i] + gu_same[i], dtype)).collect();
+                // The path each pass takes (the device and alignment hold here): the kernel's fit.
+                let kind = if dtype == DType::F16 { FloatKind::F16 } else { FloatKind::Bf16 };
+                let fused = |n, k| if serves(kind, [rows, n, k, r], 132) { "fused" } else { "composed" };
+                for (name, got, same, exact, path) in [("y", &y, &y_same, &y_exact, fused(d_out, d_in)), ("dx", &dx, &dx_same, &dx_exact, fused(d_in, d_out))] {
+                    let c = compare(name, got, same, exact, dtype, 1.0);
+                    println!(
+                        "parity lora-linear t{rows} in{d_in} out{d_out} r{r} bias={with_bias} transposed={transposed} {dtype:?} {name} ({path}) kernel_err {:.3e} ref_err {:.3e} bound {:.3e} {}",
+                        c.kernel_err, c.reference_err, c.bound, if c.passed() { "ok" } else { "FAIL" }
+                    );
+                    ok &= c.passed();
+                }
+            }
+        }
+    });
+    ok
+}
