@@ -44,29 +44,14 @@ fn lora_runs_through_autodiff_ndarray() {
 }
 
 fn linear_cases() -> Vec<LoraLinearCase> {
-    #[allow(clippy::too_many_arguments)]
-    let case = |batch, m, d_in, d_out, rank, dropout, bias, transposed, x_grad, base_grad, seed: u64| LoraLinearCase {
-        batch,
-        m,
-        d_in,
-        d_out,
-        rank,
-        scale: 2.0,
-        dropout,
-        bias,
-        transposed,
-        x_grad,
-        prior: x_grad && seed % 2 == 0,
-        base_grad,
-        seed,
-    };
+    let case = LoraLinearCase::new;
     vec![
-        case(1, 1, 16, 8, 1, 0.0, false, false, true, false, 11),
-        case(2, 3, 33, 17, 8, 0.0, true, true, true, true, 12),
-        case(1, 17, 64, 96, 8, 0.25, true, false, true, false, 13),
-        case(3, 5, 130, 70, 64, 0.0, false, true, false, false, 14),
-        case(2, 33, 96, 40, 16, 0.1, true, false, true, true, 15),
-        case(1, 129, 48, 24, 4, 0.5, false, true, false, true, 16),
+        case(1, 1, 16, 8, 1, 11),
+        LoraLinearCase { bias: true, transposed: true, prior: true, base_grad: true, ..case(2, 3, 33, 17, 8, 12) },
+        LoraLinearCase { dropout: 0.25, bias: true, ..case(1, 17, 64, 96, 8, 13) },
+        LoraLinearCase { transposed: true, x_grad: false, ..case(3, 5, 130, 70, 64, 14) },
+        LoraLinearCase { dropout: 0.1, bias: true, base_grad: true, ..case(2, 33, 96, 40, 16, 15) },
+        LoraLinearCase { dropout: 0.5, transposed: true, x_grad: false, base_grad: true, ..case(1, 129, 48, 24, 4, 16) },
     ]
 }
 

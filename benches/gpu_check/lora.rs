@@ -36,34 +36,21 @@ pub fn parity_cases() -> Vec<LoraCase> {
 /// Cases of a LoRA layer over a float base in one op (`lora_linear`), run with `KILN_LORA_LINEAR=1`
 /// ([`with_fused_layer`]) so that in f16/bf16 on Hopper the fused kernel takes shapes too small
 /// for it to be chosen (`linear.cu`'s large shapes are the probe harness's): the first five take
-/// it forward, and without a dropout and a prior also for the input gradient. `W` as stored and
-/// transposed (the two layouts of each pass), ranks 8, 16 and 64, rows, columns and a reduction
-/// off the tiles (k = 1000: a partial last block), a bias, a base that trains. The last (rank 4)
-/// falls back to the composed products.
+/// it forward, and without a dropout also for the input gradient (a prior as its residual). `W`
+/// as stored and transposed (the two layouts of each pass), ranks 8, 16 and 64, rows, columns and
+/// a reduction off the tiles (k = 1000: a partial last block), a bias, a base that trains. The
+/// last (rank 4) falls back to the composed products. These autotune Burn's reference products
+/// on every new shape (minutes a case on a fresh machine); `lora-linear-parity` checks the kernel
+/// itself in seconds.
 pub fn linear_parity_cases() -> Vec<LoraLinearCase> {
-    #[allow(clippy::too_many_arguments)]
-    let case = |m, d_in, d_out, rank, dropout, bias, transposed, prior, base_grad, seed| LoraLinearCase {
-        batch: 2,
-        m,
-        d_in,
-        d_out,
-        rank,
-        scale: 2.0,
-        dropout,
-        bias,
-        transposed,
-        x_grad: true,
-        prior,
-        base_grad,
-        seed,
-    };
+    let case = |m, d_in, d_out, rank, seed| LoraLinearCase::new(2, m, d_in, d_out, rank, seed);
     vec![
-        case(300, 640, 520, 16, 0.0, true, false, false, false, 1),
-        case(150, 1000, 1032, 64, 0.0, false, true, false, false, 2),
-        case(200, 776, 640, 8, 0.1, true, false, false, false, 3),
-        case(300, 640, 640, 16, 0.0, false, true, true, false, 4),
-        case(260, 520, 776, 16, 0.0, true, false, false, true, 5),
-        case(33, 1000, 264, 4, 0.0, true, true, false, false, 6),
+        LoraLinearCase { bias: true, ..case(300, 640, 520, 16, 1) },
+        LoraLinearCase { transposed: true, ..case(150, 1000, 1032, 64, 2) },
+        LoraLinearCase { dropout: 0.1, bias: true, ..case(200, 776, 640, 8, 3) },
+        LoraLinearCase { transposed: true, prior: true, ..case(300, 640, 640, 16, 4) },
+        LoraLinearCase { bias: true, base_grad: true, ..case(260, 520, 776, 16, 5) },
+        LoraLinearCase { bias: true, transposed: true, ..case(33, 1000, 264, 4, 6) },
     ]
 }
 
@@ -91,6 +78,14 @@ pub(super) fn loss_step(y: &Tensor<Ad, 2>, dy: &Tensor<Ad, 2>) -> Tensor<B, 2> {
     y.grad(&grads).unwrap()
 }
 
+/// One training step of two layers on the same input (as q and k projections are): the second
+/// layer's `dx` takes the first's as its prior. Returns `x`'s gradient.
+fn pair_step<L: LinearLayer<Ad>>(layers: [&L; 2], x: &Tensor<Ad, 2>, dy: &Tensor<Ad, 2>) -> Tensor<B, 2> {
+    let loss = |layer: &L| (layer.forward(x.clone()) * dy.clone()).sum();
+    let grads = (loss(layers[0]) + loss(layers[1])).backward();
+    x.grad(&grads).unwrap()
+}
+
 /// Seconds per [`train_step`] of `layer` on `x`.
 pub(super) fn step<L: LinearLayer<Ad>>(layer: &L, x: &Tensor<Ad, 2>, dy: &Tensor<Ad, 2>, device: &CudaDevice) -> f64 {
     super::time_adaptive(device, 0.3, 100, || train_step(layer, x, dy))
@@ -109,7 +104,8 @@ pub(super) fn with_fused_layer<T>(value: &str, f: impl FnOnce() -> T) -> T {
 /// A LoRA layer's step (bf16 base `Linear`, rank 16, with and without dropout 0.1) and a QLoRA
 /// layer's (NF4 base), each next to its base alone, 4096 tokens; the loss ops' own time beside.
 /// Then the LoRA step alternated with and without the fused layer kernel (`KILN_LORA_LINEAR=0`),
-/// three rounds, each next to a base step of its own.
+/// three rounds, each next to a base step of its own, and so two layers on one input
+/// ([`pair_step`]: the second's `dx` has a prior).
 pub fn bench_steps(device: &CudaDevice) {
     for (d_in, d_out) in STEPS {
         let x = bf16([TOKENS, d_in], 1.0, device).require_grad();
@@ -137,12 +133,23 @@ pub fn bench_steps(device: &CudaDevice) {
             ms(loss_only)
         );
         let layer = LoraLinear::frozen(linear.clone()).with_adapter(adapter(d_in, d_out, 0.0, device));
+        let second = LoraLinear::frozen(linear.clone()).with_adapter(adapter(d_in, d_out, 0.0, device));
+        let frozen = LoraLinear::frozen(linear.clone());
+        let pair = |layers| super::time_adaptive(device, 0.3, 100, || pair_step(layers, &x, &dy));
         for round in 0..3 {
             let [fused, composed] = ["1", "0"].map(|value| {
                 with_fused_layer(value, || {
-                    let base = step(&LoraLinear::frozen(linear.clone()), &x, &dy, device);
-                    let lora = step(&layer, &x, &dy, device);
-                    format!("base {:.3} ms, lora {:.3} ms ({:.3}x)", ms(base), ms(lora), lora / base)
+                    let (base, lora) = (step(&frozen, &x, &dy, device), step(&layer, &x, &dy, device));
+                    let (base_pair, lora_pair) = (pair([&frozen, &frozen]), pair([&layer, &second]));
+                    format!(
+                        "base {:.3} ms, lora {:.3} ms ({:.3}x); two on one input: base {:.3}, lora {:.3} ms ({:.3}x)",
+                        ms(base),
+                        ms(lora),
+                        lora / base,
+                        ms(base_pair),
+                        ms(lora_pair),
+                        lora_pair / base_pair
+                    )
                 })
             });
             println!("bench lora step t{TOKENS} k{d_in} n{d_out} r{RANK} bf16 round {round}: fused layer {fused} | composed {composed}");
@@ -299,7 +306,8 @@ pub fn expand_parity(device: &CudaDevice) -> bool {
 }
 
 /// The fused layer kernel (`kiln_kernels::lora::linear`) through `CubeBackend`'s
-/// `lora_linear_forward` (`y`) and `lora_linear_backward` (`dx`, no dropout, no prior), forced
+/// `lora_linear_forward` (`y`) and `lora_linear_backward` (`dx`, no dropout; a prior gradient of
+/// `x` as its residual in half the cases), forced
 /// onto small ragged shapes with `KILN_LORA_LINEAR=1`, against f64 on the host next to the
 /// same-precision path: f32 sums of the rounded inputs, the rank-r factor (`s · x · Aᵀ`, `s · dy ·
 /// B`) rounded as the kernel reads it, rounded once. `CubeBackend` itself, with a host oracle:
@@ -335,9 +343,12 @@ pub fn linear_parity(device: &CudaDevice) -> bool {
     let mut ok = true;
     with_fused_layer("1", || {
         for dtype in [DType::BF16, DType::F16] {
-            for (rows, d_in, d_out, r, with_bias, transposed, seed) in
-                [(600, 640, 520, 16, true, false, 1u64), (300, 1000, 1032, 64, false, true, 2), (517, 776, 640, 8, true, true, 3), (9, 64, 72, 24, false, false, 4)]
-            {
+            for (rows, d_in, d_out, r, with_bias, transposed, with_prior, seed) in [
+                (600, 640, 520, 16, true, false, false, 1u64),
+                (300, 1000, 1032, 64, false, true, true, 2),
+                (517, 776, 640, 8, true, true, false, 3),
+                (9, 64, 72, 24, false, false, true, 4),
+            ] {
                 poison::<Cube>(device, 4 * rows * (d_in + d_out), dtype);
                 let scaled = |shape: [usize; 2], seed: u64, by: f64| {
                     let v: Vec<f64> = random(&shape, seed).to_vec::<f64>().unwrap().iter().map(|v| v * by).collect();
@@ -351,12 +362,14 @@ pub fn linear_parity(device: &CudaDevice) -> bool {
                 let b = scaled([d_out, r], seed + 3, 0.5);
                 let dy = scaled([rows, d_out], seed + 4, 1.0);
                 let bias = with_bias.then(|| scaled([1, d_out], seed + 5, 1.0));
+                let prior = with_prior.then(|| scaled([rows, d_in], seed + 6, 1.0));
+                let prior_h = prior.as_ref().map(|t| values(t.clone())).unwrap_or_else(|| vec![0.0; rows * d_in]);
                 let [xh, wh, ah, bh, dyh] = [&x, &w, &a, &b, &dy].map(|t| values(t.clone()));
                 let bias_h = bias.as_ref().map(|t| values(t.clone())).unwrap_or_else(|| vec![0.0; d_out]);
                 let spec = LoraSpec { scale, dropout: None };
                 let bias_prim = bias.map(|t| t.reshape([d_out]).into_primitive().tensor());
                 let (y, hs) = Cube::lora_linear_forward(prim(x.clone()), prim(w.clone()), bias_prim, prim(a.clone()), prim(b.clone()), spec);
-                let g = Cube::lora_linear_backward(prim(x), hs, prim(w), prim(a), prim(b), prim(dy), spec, None, true);
+                let g = Cube::lora_linear_backward(prim(x), hs, prim(w), prim(a), prim(b), prim(dy), spec, prior.map(prim), true);
                 let (y, dx) = (back(y), back(g.x.expect("dx was asked for")));
                 // Forward: hs = round(s · x · Aᵀ), y = x · W + hs · Bᵀ + bias.
                 let (h_exact, h_same) = product(rows, r, d_in, &|i, k| xh[i * d_in + k], &|k, j| ah[j * d_in + k]);
@@ -366,21 +379,21 @@ pub fn linear_parity(device: &CudaDevice) -> bool {
                 let (_, up_same) = product(rows, d_out, r, &|i, k| hs_r[i * r + k], &|k, j| bh[j * r + k]);
                 let y_exact: Vec<f64> = (0..rows * d_out).map(|i| base_exact[i] + up_exact[i] + bias_h[i % d_out]).collect();
                 let y_same: Vec<f64> = (0..rows * d_out).map(|i| round(base_same[i] + up_same[i] + bias_h[i % d_out] as f32, dtype)).collect();
-                // Input gradient: dh = round(s · dy · B), dx = dy · Wᵀ + dh · A.
+                // Input gradient: dh = round(s · dy · B), dx = dy · Wᵀ + dh · A + prior.
                 let (dh_exact, dh_same) = product(rows, r, d_out, &|i, k| dyh[i * d_out + k], &|k, j| bh[k * r + j]);
                 let dh_r: Vec<f64> = dh_same.iter().map(|v| round(scale * v, dtype)).collect();
                 let (gb_exact, gb_same) = product(rows, d_in, d_out, &|i, k| dyh[i * d_out + k], &|k, j| wh[j * d_out + k]);
                 let (gu_exact, _) = product(rows, d_in, r, &|i, k| scale as f64 * dh_exact[i * r + k], &|k, j| ah[k * d_in + j]);
                 let (_, gu_same) = product(rows, d_in, r, &|i, k| dh_r[i * r + k], &|k, j| ah[k * d_in + j]);
-                let dx_exact: Vec<f64> = (0..rows * d_in).map(|i| gb_exact[i] + gu_exact[i]).collect();
-                let dx_same: Vec<f64> = (0..rows * d_in).map(|i| round(gb_same[i] + gu_same[i], dtype)).collect();
+                let dx_exact: Vec<f64> = (0..rows * d_in).map(|i| gb_exact[i] + gu_exact[i] + prior_h[i]).collect();
+                let dx_same: Vec<f64> = (0..rows * d_in).map(|i| round(gb_same[i] + gu_same[i] + prior_h[i] as f32, dtype)).collect();
                 // The path each pass takes (the device and alignment hold here): the kernel's fit.
                 let kind = if dtype == DType::F16 { FloatKind::F16 } else { FloatKind::Bf16 };
                 let fused = |n, k| if serves(kind, [rows, n, k, r], 132) { "fused" } else { "composed" };
                 for (name, got, same, exact, path) in [("y", &y, &y_same, &y_exact, fused(d_out, d_in)), ("dx", &dx, &dx_same, &dx_exact, fused(d_in, d_out))] {
                     let c = compare(name, got, same, exact, dtype, 1.0);
                     println!(
-                        "parity lora-linear t{rows} in{d_in} out{d_out} r{r} bias={with_bias} transposed={transposed} {dtype:?} {name} ({path}) kernel_err {:.3e} ref_err {:.3e} bound {:.3e} {}",
+                        "parity lora-linear t{rows} in{d_in} out{d_out} r{r} bias={with_bias} transposed={transposed} prior={with_prior} {dtype:?} {name} ({path}) kernel_err {:.3e} ref_err {:.3e} bound {:.3e} {}",
                         c.kernel_err, c.reference_err, c.bound, if c.passed() { "ok" } else { "FAIL" }
                     );
                     ok &= c.passed();

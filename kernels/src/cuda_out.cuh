@@ -1,11 +1,12 @@
 // The output element of kiln's CUDA C++ kernels that write f32, f16 or bf16 (`ternary/gemv.cu`,
-// `ternary/gemm.cu`, `ternary/grad.cu`, `nf4/gemv.cu`), by `KILN_OUT_KIND` (0 f32, 1 f16, 2 bf16,
-// as `FloatKind` numbers them): `out_t` and `kiln_out`, which rounds an f32 to it (to nearest,
-// ties to even), and for 16-bit kinds `kiln_out2`, which rounds two into a packed pair; for the
-// warpgroup-MMA kernels, `stage_transposed` (and for 16-bit kinds `stage_pairs_transposed`),
-// which puts a thread's accumulators into an output tile in shared memory, and `store_tile`,
-// which writes that tile out. kiln places this file ([`crate::cuda_source::OUT_ELEMENT`]) before
-// such a kernel's source.
+// `ternary/gemm.cu`, `ternary/grad.cu`, `nf4/gemv.cu`, `lora/linear.cu`), by `KILN_OUT_KIND` (0
+// f32, 1 f16, 2 bf16, as `FloatKind` numbers them): `out_t` and `kiln_out`, which rounds an f32 to
+// it (to nearest, ties to even), and for 16-bit kinds `kiln_float` (an element's value) and
+// `kiln_out2`, which rounds two into a packed pair; for the warpgroup-MMA kernels,
+// `stage_transposed` (and for 16-bit kinds `stage_pairs_transposed` and, onto a tile that holds a
+// residual, `stage_pairs_transposed_onto`), which puts a thread's accumulators into an output tile
+// in shared memory, and `store_tile`, which writes that tile out. kiln places this file
+// ([`crate::cuda_source::OUT_ELEMENT`]) before such a kernel's source.
 
 #if KILN_OUT_KIND == 0
 typedef float out_t;
@@ -20,6 +21,17 @@ __device__ __forceinline__ out_t kiln_out(float v) {
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(v));
 #endif
     return r;
+}
+
+// A 16-bit element's value.
+__device__ __forceinline__ float kiln_float(out_t v) {
+#if KILN_OUT_KIND == 1
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v));
+    return f;
+#else
+    return __uint_as_float((unsigned)v << 16);
+#endif
 }
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800  // (the paired conversions' PTX needs sm_80)
@@ -62,10 +74,15 @@ __device__ __forceinline__ void stage_transposed(out_t* tile, int pitch, int row
 // the tile's rows along MMA columns: lane l names the address of row `l % 8` of matrix `l / 8`.
 // One instruction where `stage_transposed` takes eight 2-byte stores; `at(row, col)` is the shared
 // address of the tile's element (row, col), 16-byte aligned where `col` is a multiple of 8.
+// The address lane `lane` names for the four `.trans` matrices of column groups j and j + 1.
+template <typename At>
+__device__ __forceinline__ unsigned pairs_address(At at, int j, int first, int lane) {
+    return at(8 * (j + lane / 16) + lane % 8, first + 8 * ((lane / 8) % 2));
+}
+
 template <int J, bool CHECKED, typename At, typename Pair, typename Redo>
 __device__ __forceinline__ void stage_pairs_transposed_impl(At at, int first, int lane, Pair pair, Redo redo) {
     static_assert(J % 2 == 0, "pairs of column groups");
-    const int q = lane / 8, i = lane % 8;
     #pragma unroll
     for (int j = 0; j < J; j += 2) {
         unsigned v[4];
@@ -76,7 +93,24 @@ __device__ __forceinline__ void stage_pairs_transposed_impl(At at, int first, in
             #pragma unroll
             for (int m = 0; m < 4; ++m) v[m] = redo(j + m / 2, m % 2);
         }
-        const unsigned address = at(8 * (j + q / 2) + i, first + 8 * (q % 2));
+        const unsigned address = pairs_address(at, j, first, lane);
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(address), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3]) : "memory");
+    }
+}
+
+// `stage_pairs_transposed_impl` onto a tile that holds values already (a residual): `pair(j, h,
+// old)` is given the pair stored where it goes (read by `ldmatrix .trans` from the same
+// addresses, so each lane reads what it will overwrite) and returns the new one.
+template <int J, typename At, typename Pair>
+__device__ __forceinline__ void stage_pairs_transposed_onto(At at, int first, int lane, Pair pair) {
+    static_assert(J % 2 == 0, "pairs of column groups");
+    #pragma unroll
+    for (int j = 0; j < J; j += 2) {
+        const unsigned address = pairs_address(at, j, first, lane);
+        unsigned v[4];
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];" : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(address) : "memory");
+        #pragma unroll
+        for (int m = 0; m < 4; ++m) v[m] = pair(j + m / 2, m % 2, v[m]);
         asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(address), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3]) : "memory");
     }
 }

@@ -110,6 +110,14 @@ pub struct LoraLinearCase {
     pub seed: u64,
 }
 
+impl LoraLinearCase {
+    /// `batch × m` rows, `d_in → d_out`, rank `rank`, scale 2: `x` and the adapter tracked, no
+    /// dropout, bias, prior, transposed or trained base (set those by struct update).
+    pub fn new(batch: usize, m: usize, d_in: usize, d_out: usize, rank: usize, seed: u64) -> Self {
+        Self { batch, m, d_in, d_out, rank, scale: 2.0, dropout: 0.0, bias: false, transposed: false, x_grad: true, prior: false, base_grad: false, seed }
+    }
+}
+
 impl Case for LoraLinearCase {
     fn run<B: KilnAutodiffBackend>(&self, device: &B::Device, dtype: DType, kernel: bool) -> Outputs {
         let (b, m, s, (d_in, d_out)) = (self.batch, self.m, self.seed, (self.d_in, self.d_out));

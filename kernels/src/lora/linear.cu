@@ -1,6 +1,7 @@
 // A LoRA layer's base product and its rank-r update as one GEMM on Hopper's warpgroup MMA:
-// `out[m, n] = Σ_k x[m, k] · W(n, k) + Σ_j l[m, j] · R(n, j) (+ bias[n])`, f16/bf16 in and out,
-// f32 sums, with `l` the update's rank-r factor already scaled. The update is one more reduction
+// `out[m, n] = Σ_k x[m, k] · W(n, k) + Σ_j l[m, j] · R(n, j) (+ bias[n]) (+ C[m, n])`, f16/bf16 in
+// and out, f32 sums, with `l` the update's rank-r factor already scaled and `C` a residual (a
+// gradient of the input registered before). The update is one more reduction
 // block of the same product, so the `[m, n]` output is written once and the base's output is
 // never read back. With Burn's `[in, out]` weight `W₀` and PEFT's `A` `[r, in]`, `B` `[out, r]`:
 // - the forward `y = x · W₀ + (s · h) · Bᵀ + bias` takes W = W₀ stored `[k, n]` (KILN_W_MN 1) and
@@ -22,7 +23,11 @@
 // zeros, and only its first KILN_UPDATE_STEPS k16 steps are issued (⌈r / 16⌉). The MMA warpgroups
 // round the tile (the bias added) into a 128-byte-swizzled buffer of their own, half the tile's
 // rows at a time, and one thread stores each half by two tensor copies (`out_map`, clipped to
-// `[m, n]`), which run on while the next tile's MMAs start.
+// `[m, n]`), which run on while the next tile's MMAs start. With a residual that thread first
+// copies C's half into the buffer (`c_map`, onto its own mbarrier) and each thread adds the
+// values it overwrites, so the sum is rounded once. (C's copy waits in the epilogue: landing C's
+// whole tile during the MMAs took a buffer as large as the tile, so a stage fewer, and ran slower:
+// fifty-second session.)
 //
 // Measured on the H200 (`benches/probes/lora_linear.py`, fifty-second session): at 4096³ the base
 // product alone ran 0.99× torch's cuBLAS GEMM, and with a rank-16 update 1.01× its time, where
@@ -32,7 +37,7 @@
 //
 // Defines: KILN_OUT_KIND (1 f16, 2 bf16), KILN_WGMMA_TYPE ("f16", "bf16"), KILN_W_MN and KILN_R_MN
 // (1: W, or R, stored `[k, n]` — N contiguous, wgmma's M-major A operand; 0: `[n, k]`, K-major),
-// KILN_UPDATE_STEPS (0: no update, up to 4: rank ≤ 64). kiln places `hopper/common.cuh`,
+// KILN_UPDATE_STEPS (0: no update, up to 4: rank ≤ 64), KILN_RESIDUAL (0, 1). kiln places `hopper/common.cuh`,
 // `hopper/wgmma.cuh` and `cuda_out.cuh` before this source.
 
 #define FEATS 128
@@ -51,9 +56,9 @@
 #define W_TILE (FEATS * BK * 2)
 #define STAGE_BYTES (X_TILE + W_TILE)
 #define OUT_TILE (TOKS / ROUNDS * FEATS * 2)
-// The stages, the output tile, the stages' two mbarriers each, and 1 KB to align the swizzled
-// tiles.
-#define KILN_SHARED_BYTES (STAGES * STAGE_BYTES + OUT_TILE + 2 * STAGES * 8 + 1024)
+// The stages, the output tile, the stages' two mbarriers each and the residual's, and 1 KB to
+// align the swizzled tiles.
+#define KILN_SHARED_BYTES (STAGES * STAGE_BYTES + OUT_TILE + (2 * STAGES + 1) * 8 + 1024)
 #define UPDATE (KILN_UPDATE_STEPS > 0)
 
 // A CUDA tensor map (`CUtensorMap`), opaque to the kernel; CubeCL encodes it at launch.
@@ -80,6 +85,8 @@ __device__ __forceinline__ u32 w_at(u32 base, int s) { return base + s * STAGE_B
 __device__ __forceinline__ u32 out_at(u32 base) { return base + STAGES * STAGE_BYTES; }
 __device__ __forceinline__ u32 full_at(u32 base, int s) { return base + STAGES * STAGE_BYTES + OUT_TILE + 8 * s; }
 __device__ __forceinline__ u32 empty_at(u32 base, int s) { return base + STAGES * STAGE_BYTES + OUT_TILE + 8 * (STAGES + s); }
+// The mbarrier on which the residual's half tile lands.
+__device__ __forceinline__ u32 residual_at(u32 base) { return base + STAGES * STAGE_BYTES + OUT_TILE + 16 * STAGES; }
 
 __device__ __forceinline__ void tensor_copy(u32 dst, const TensorMap* map, u32 col, u32 row, u32 bar) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(dst), "l"(map), "r"(col),
@@ -163,25 +170,18 @@ __device__ __forceinline__ void multiply_tile(float (&acc)[TOKS / 2], u32 base, 
 }
 
 // The bias of output column `f` as f32 (zero past `n`).
-__device__ __forceinline__ float bias_of(const out_t* bias, u32 f, u32 n) {
-    if (f >= n) return 0.f;
-    const u32 bits = bias[f];
-#if KILN_OUT_KIND == 1
-    float v;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(v) : "h"((unsigned short)bits));
-    return v;
-#else
-    return __uint_as_float(bits << 16);
-#endif
-}
+__device__ __forceinline__ float bias_of(const out_t* bias, u32 f, u32 n) { return f < n ? kiln_float(bias[f]) : 0.f; }
 
 // Named barrier 2 over the two MMA warpgroups.
 __device__ __forceinline__ void mma_sync() { asm volatile("bar.sync 2, %0;" ::"n"(MMA_THREADS) : "memory"); }
 
-// Rounds warpgroup `c`'s accumulators (the bias added after the sum, as cuBLASLt's epilogue does)
-// into the output tile, two `[TOKS, 64]` halves in the 128-byte swizzle of `out_map`'s boxes, and
-// has thread `storer` store it. The tile is free once the previous tile's store has read it.
-__device__ __forceinline__ void store_tile_async(const float (&acc)[TOKS / 2], u32 base, const TensorMap* out_map, const out_t* bias, const LinearParams& p, u32 tok0, u32 f0, int c, int warp, int lane, bool storer) {
+// Rounds warpgroup `c`'s accumulators (the bias and residual added after the sum, as cuBLASLt's
+// epilogue does) into the output buffer, ROUNDS pieces of the tile's rows each as two `[ROWS,
+// 64]` boxes in the 128-byte swizzle of `out_map`'s, and has thread `storer` store them. The
+// buffer is free once the previous piece's store has read it; `residuals` counts the residual's
+// landings (its mbarrier's phases).
+__device__ __forceinline__ void store_tile_async(const float (&acc)[TOKS / 2], u32 base, const TensorMap* out_map, const TensorMap* c_map, const out_t* bias, const LinearParams& p, u32 tok0,
+                                                 u32 f0, int c, int warp, int lane, bool storer, int& residuals) {
     const u32 first = c * 64 + warp * 16 + lane / 4;
     const float b0 = p.has_bias ? bias_of(bias, f0 + first, p.n) : 0.f, b1 = p.has_bias ? bias_of(bias, f0 + first + 8, p.n) : 0.f;
     const u32 tile = out_at(base);
@@ -191,12 +191,26 @@ __device__ __forceinline__ void store_tile_async(const float (&acc)[TOKS / 2], u
     #pragma unroll
     for (int round = 0; round < ROUNDS; ++round) {
         if (storer) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+#if KILN_RESIDUAL
+        if (storer) {
+            barrier_expect(residual_at(base), OUT_TILE);
+            #pragma unroll
+            for (int half = 0; half < 2; ++half) tensor_copy(tile + half * (ROWS * 128), c_map, f0 + 64 * half, tok0 + round * ROWS, residual_at(base));
+        }
+        barrier_wait(residual_at(base), residuals++ & 1);
+        stage_pairs_transposed_onto<J>(at, c * 64 + warp * 16, lane, [&](int j, int h, u32 old) {
+            const float bh = h ? b1 : b0;
+            const int q = 4 * (j + round * J) + 2 * h;
+            return kiln_out2(acc[q] + bh + kiln_float(old & 0xffffu), acc[q + 1] + bh + kiln_float(old >> 16));
+        });
+#else
         mma_sync();
         stage_pairs_transposed_impl<J, false>(at, c * 64 + warp * 16, lane, [&](int j, int h, bool&) {
             const float bh = h ? b1 : b0;
             const int q = 4 * (j + round * J) + 2 * h;
             return kiln_out2(acc[q] + bh, acc[q + 1] + bh);
         }, [](int, int) { return 0u; });
+#endif
         async_proxy_fence();
         mma_sync();
         if (storer) {
@@ -209,13 +223,13 @@ __device__ __forceinline__ void store_tile_async(const float (&acc)[TOKS / 2], u
     }
 }
 
-// The five maps (x `[m, k]`; W; l `[m, r]`; R; out `[m, n]`), then their tensors (unread) and the
-// bias (`[n]`, read when `has_bias`). A cube an SM at most, each taking tiles `blockIdx.x`,
+// The six maps (x `[m, k]`; W; l `[m, r]`; R; out `[m, n]`; the residual C `[m, n]`, out's own
+// without one), then their tensors (unread) and the bias (`[n]`, read when `has_bias`). A cube an SM at most, each taking tiles `blockIdx.x`,
 // `+ gridDim.x`, …; THREADS threads, KILN_SHARED_BYTES of shared memory.
 extern "C" __global__ void __launch_bounds__(THREADS, 1) kiln_lora_linear(
     const __grid_constant__ TensorMap x_map, const __grid_constant__ TensorMap w_map, const __grid_constant__ TensorMap l_map, const __grid_constant__ TensorMap r_map,
-    const __grid_constant__ TensorMap out_map, const out_t* __restrict__ x, const out_t* __restrict__ w, const out_t* __restrict__ l, const out_t* __restrict__ r,
-    out_t* __restrict__ out, const out_t* __restrict__ bias, const __grid_constant__ LinearParams p) {
+    const __grid_constant__ TensorMap out_map, const __grid_constant__ TensorMap c_map, const out_t* __restrict__ x, const out_t* __restrict__ w, const out_t* __restrict__ l,
+    const out_t* __restrict__ r, out_t* __restrict__ out, const out_t* __restrict__ residual, const out_t* __restrict__ bias, const __grid_constant__ LinearParams p) {
     extern __shared__ unsigned char shared_raw[];
     const u32 base = (shared_address(shared_raw) + 1023) & ~1023u;
     const int blocks = UPDATE + (p.k + BK - 1) / BK;
@@ -225,6 +239,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kiln_lora_linear(
             barrier_init(full_at(base, s));
             asm volatile("mbarrier.init.shared::cta.b64 [%0], 2;" ::"r"(empty_at(base, s)) : "memory");
         }
+        barrier_init(residual_at(base));
         barrier_init_fence();
     }
     __syncthreads();
@@ -236,13 +251,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kiln_lora_linear(
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(MMA_REGS));
     const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32, c = wg - 1;
     const bool storer = threadIdx.x == 128;
-    int it = 0;
+    int it = 0, residuals = 0;
     float acc[TOKS / 2];
     for (u32 tile = blockIdx.x; tile < tiles_of(p); tile += gridDim.x) {
         u32 tok0, f0;
         grouped_tile<TOKS, FEATS, GROUP>(tile, p.m, p.n, tok0, f0);
         multiply_tile(acc, base, blocks, c, threadIdx.x % 128 == 0, it);
-        store_tile_async(acc, base, &out_map, bias, p, tok0, f0, c, warp, lane, storer);
+        store_tile_async(acc, base, &out_map, &c_map, bias, p, tok0, f0, c, warp, lane, storer, residuals);
     }
     if (storer) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }

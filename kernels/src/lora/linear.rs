@@ -1,9 +1,10 @@
 //! A LoRA layer's base product and its rank-r update as one GEMM on Hopper's warpgroup MMA
 //! (`linear.cu`, CUDA C++ after [`crate::hopper`]'s header and float wrappers and
-//! [`OUT_ELEMENT`]): `out = x · W + l · Rᵀ (+ bias)` with the update's `[m, r]` factor `l` (already
-//! scaled) taken as one more reduction block, so the output is written once: the forward's
-//! `x · W₀ + (s · h) · Bᵀ + b` and the input gradient's `dy · W₀ᵀ + dh · A`. Launched through
-//! CubeCL's CUDA runtime ([`crate::cuda_source`]).
+//! [`OUT_ELEMENT`]): `out = x · W + l · Rᵀ (+ bias) (+ C)` with the update's `[m, r]` factor `l`
+//! (already scaled) taken as one more reduction block, so the output is written once: the
+//! forward's `x · W₀ + (s · h) · Bᵀ + b` and the input gradient's `dy · W₀ᵀ + dh · A + prior` (a
+//! gradient of `x` registered before, as the residual C). Launched through CubeCL's CUDA runtime
+//! ([`crate::cuda_source`]).
 
 use cubecl::cuda::CudaRuntime;
 use cubecl::prelude::*;
@@ -25,9 +26,9 @@ const THREADS: u32 = 384;
 const OUT_ROWS: usize = TOKS / 2;
 
 /// `linear.cu`'s `KILN_SHARED_BYTES`: four stages of a `[256, 64]` block of x and a `[128, 64]`
-/// block of W, a `[128, 128]` output buffer, two mbarriers a stage, and 1 KB to align the
-/// swizzled tiles.
-const SHARED_BYTES: usize = 4 * (TOKS + FEATS) * BK * 2 + OUT_ROWS * FEATS * 2 + 2 * 4 * 8 + 1024;
+/// block of W, a `[128, 128]` output buffer, two mbarriers a stage and the residual's, and 1 KB
+/// to align the swizzled tiles.
+const SHARED_BYTES: usize = 4 * (TOKS + FEATS) * BK * 2 + OUT_ROWS * FEATS * 2 + (2 * 4 + 1) * 8 + 1024;
 
 /// The largest rank: the update is one reduction block of 64.
 pub const MAX_RANK: usize = BK;
@@ -69,22 +70,23 @@ pub fn serves(kind: FloatKind, [m, n, k, r]: [usize; 4], sms: usize) -> bool {
 }
 
 /// The bindings of one product: `x` `[m, k]`, `w` and `r` stored as their [`Major`] says, `l`
-/// `[m, r]`, the bias `[n]` where there is one, and the output `[m, n]`: dense, 16-byte aligned,
-/// one element kind.
+/// `[m, r]`, the bias `[n]` and the residual `[m, n]` where there are any, and the output `[m,
+/// n]`: dense, 16-byte aligned, one element kind.
 pub struct LinearArgs {
     pub x: Binding,
     pub w: Binding,
     pub l: Binding,
     pub r: Binding,
     pub bias: Option<Binding>,
+    pub residual: Option<Binding>,
     pub out: Binding,
 }
 
 fn source(params: &[u32]) -> String {
-    let [kind, w_mn, r_mn, steps] = params else { unreachable!("four lora linear parameters") };
+    let [kind, w_mn, r_mn, steps, residual] = params else { unreachable!("five lora linear parameters") };
     let wgmma = if *kind == FloatKind::F16 as u32 { "f16" } else { "bf16" };
     format!(
-        "#define KILN_OUT_KIND {kind}\n#define KILN_WGMMA_TYPE \"{wgmma}\"\n#define KILN_W_MN {w_mn}\n#define KILN_R_MN {r_mn}\n#define KILN_UPDATE_STEPS {steps}\n{COMMON}\n{WGMMA}\n{OUT_ELEMENT}\n{SOURCE}"
+        "#define KILN_OUT_KIND {kind}\n#define KILN_WGMMA_TYPE \"{wgmma}\"\n#define KILN_W_MN {w_mn}\n#define KILN_R_MN {r_mn}\n#define KILN_UPDATE_STEPS {steps}\n#define KILN_RESIDUAL {residual}\n{COMMON}\n{WGMMA}\n{OUT_ELEMENT}\n{SOURCE}"
     )
 }
 
@@ -97,20 +99,23 @@ fn operand_map(binding: Binding, kind: FloatKind, major: Major, [k, n]: [usize; 
     }
 }
 
-/// Enqueues `out = x · W + l · Rᵀ + bias` for a shape the kernel [`serves`], W and R stored as
-/// `w` and `r` say.
+/// Enqueues `out = x · W + l · Rᵀ + bias + residual` for a shape the kernel [`serves`], W and R
+/// stored as `w` and `r` say.
 pub fn launch_linear(client: &ComputeClient<CudaRuntime>, kind: FloatKind, [m, n, k, r]: [usize; 4], [w_major, r_major]: [Major; 2], args: LinearArgs) {
     let sms = client.properties().hardware.num_streaming_multiprocessors.unwrap_or(132) as usize;
     assert!(serves(kind, [m, n, k, r], sms), "kiln lora linear: [{m}, {k}] · [{k}, {n}] + rank {r} of {kind:?}");
-    let params = vec![kind as u32, (w_major == Major::N) as u32, (r_major == Major::N) as u32, r.div_ceil(16) as u32];
+    let LinearArgs { x, w, l, r: right, bias, residual, out } = args;
+    let params = vec![kind as u32, (w_major == Major::N) as u32, (r_major == Major::N) as u32, r.div_ceil(16) as u32, residual.is_some() as u32];
     let kernel = CudaSourceKernel { entry: "kiln_lora_linear", key: (FINGERPRINT, params), cube_dim: CubeDim::new_1d(THREADS), shared_bytes: SHARED_BYTES, source };
-    let LinearArgs { x, w, l, r: right, bias, out } = args;
+    // Without a residual, out's map and buffer stand in for C's (never read).
+    let c = residual.unwrap_or_else(|| out.clone());
     let maps = vec![
         swizzled_tile_map(x, kind, [m, k], [TOKS, BK]),
         operand_map(w, kind, w_major, [k, n]),
         swizzled_tile_map(l.clone(), kind, [m, r], [TOKS, BK]),
         operand_map(right, kind, r_major, [r, n]),
         swizzled_tile_map(out, kind, [m, n], [OUT_ROWS, BK]),
+        swizzled_tile_map(c, kind, [m, n], [OUT_ROWS, BK]),
     ];
     // `LinearParams`: rows, columns, the reduction, whether the bias is read (`l` stands in).
     let params = [m as u32, n as u32, k as u32, bias.is_some() as u32];
@@ -146,9 +151,9 @@ mod tests {
     #[test]
     fn source_fits_and_defines_its_parameters() {
         assert!(SHARED_BYTES <= 227 * 1024);
-        let source = source(&[FloatKind::Bf16 as u32, 1, 0, 1]);
+        let source = source(&[FloatKind::Bf16 as u32, 1, 0, 1, 1]);
         let at = |text: &str| source.find(text).unwrap_or_else(|| panic!("{text} is missing"));
-        for define in ["KILN_OUT_KIND 2", "KILN_WGMMA_TYPE \"bf16\"", "KILN_W_MN 1", "KILN_R_MN 0", "KILN_UPDATE_STEPS 1"] {
+        for define in ["KILN_OUT_KIND 2", "KILN_WGMMA_TYPE \"bf16\"", "KILN_W_MN 1", "KILN_R_MN 0", "KILN_UPDATE_STEPS 1", "KILN_RESIDUAL 1"] {
             assert!(at(define) < at("typedef unsigned int u32"), "{define}");
         }
         assert!(source.contains("kiln_lora_linear("));

@@ -18,17 +18,7 @@ use burn::backend::autodiff::{
 use burn::tensor::{Shape, TensorMetadata, backend::AutodiffBackend, ops::FloatTensor};
 
 use super::{DropoutMask, LoraBackend, LoraSpec};
-use crate::ops::matmul::{GemmLayout, GemmViews, take_prior};
-
-/// `node` on a throwaway tensor like `like`: how `take_prior` finds a registered gradient (a
-/// macro: burn-autodiff names no node type outside itself).
-macro_rules! probe {
-    ($b:ty, $node:expr, $like:expr) => {{
-        let mut probe = <Autodiff<$b> as AutodiffBackend>::from_inner($like.clone());
-        probe.node = $node;
-        probe
-    }};
-}
+use crate::ops::matmul::{GemmLayout, GemmViews, bias_grad, probe, take_prior};
 
 #[derive(Debug)]
 struct LoraGrad;
@@ -102,8 +92,7 @@ impl<B: LoraBackend, const N: usize> Backward<B, N> for LinearGrad<N> {
             grads.register::<B>(node.id, B::gemm(s.x.clone(), dy.clone(), None, None, views));
         }
         if let Some(node) = bias_node {
-            let flat = B::float_reshape(dy.clone(), Shape::new([rows, d_out]));
-            grads.register::<B>(node.id, B::float_reshape(B::float_sum_dim(flat, 0), Shape::new([d_out])));
+            grads.register::<B>(node.id, bias_grad::<B>(dy.clone(), rows, d_out));
         }
         if x_node.is_none() && a_node.is_none() && b_node.is_none() {
             return;

@@ -51,7 +51,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> LoraBacken
         #[cfg(feature = "cuda")]
         if let Some(fit) = fused::linear_takes(&x, &w, &b, bias.as_ref(), fused::Pass::Forward) {
             let hs = products::scaled_factor(&Kernels::<Self>::backend(), x.clone(), a, &spec);
-            let y = fused::linear(fit, x, w, hs.clone(), b, bias);
+            let y = fused::linear(fit, x, w, hs.clone(), b, bias, None);
             return (y, hs);
         }
         products::linear_forward(&Kernels::<Self>::backend(), x, w, bias, a, b, spec)
@@ -68,13 +68,13 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> LoraBacken
         prior: Option<FloatTensor<Self>>,
         want_dx: bool,
     ) -> LoraLinearGrads<FloatTensor<Self>> {
-        // A dropout on the update's share, or a prior (which the composed path adds as its
-        // product's residual), keep `dx` composed.
+        // A dropout on the update's share of `dx` keeps it composed (the mask is elementwise on
+        // that share alone); a prior is the kernel's residual.
         #[cfg(feature = "cuda")]
-        if want_dx && spec.dropout.is_none() && prior.is_none() {
-            if let Some(fit) = fused::linear_takes(&dy, &w, &a, None, fused::Pass::InputGrad) {
+        if want_dx && spec.dropout.is_none() {
+            if let Some(fit) = fused::linear_takes(&dy, &w, &a, prior.as_ref(), fused::Pass::InputGrad) {
                 let [dh, da, db] = products::rank_grads(&Kernels::<Self>::backend(), x, hs, b, dy.clone(), &spec, 1.0);
-                let dx = fused::linear(fit, dy, w, dh, a, None);
+                let dx = fused::linear(fit, dy, w, dh, a, None, prior);
                 return LoraLinearGrads { x: Some(dx), a: da, b: db };
             }
         }
@@ -196,13 +196,13 @@ mod fused {
     }
 
     /// The launch, if the fused layer kernel takes `pass` with `lhs` (`x` or `dy`), the base's
-    /// weight `w` and the update's right factor `right` (`B` `[out, r]` forward, `A` `[r, in]`
-    /// backward): one f16/bf16 dtype, a device of compute capability 9.0 (the kernel is
+    /// weight `w`, the update's right factor `right` (`B` `[out, r]` forward, `A` `[r, in]`
+    /// backward) and `extra` (the bias forward, the prior backward): one f16/bf16 dtype, a device of compute capability 9.0 (the kernel is
     /// `sm_90a`), `w` read in place (stored either way round, 16-byte aligned) and sizes the
     /// kernel [`fused_linear::serves`].
-    pub(super) fn linear_takes<R: CubeRuntime>(lhs: &CubeTensor<R>, w: &CubeTensor<R>, right: &CubeTensor<R>, bias: Option<&CubeTensor<R>>, pass: Pass) -> Option<LinearFit> {
+    pub(super) fn linear_takes<R: CubeRuntime>(lhs: &CubeTensor<R>, w: &CubeTensor<R>, right: &CubeTensor<R>, extra: Option<&CubeTensor<R>>, pass: Pass) -> Option<LinearFit> {
         let kind = cuda::float_kind(lhs.dtype)?;
-        let same = [w, right].into_iter().chain(bias).all(|t| t.dtype == lhs.dtype);
+        let same = [w, right].into_iter().chain(extra).all(|t| t.dtype == lhs.dtype);
         if !same || cuda::compute_capability(cuda::device_index(lhs)?)? != (9, 0) || !w.handle.offset_start.unwrap_or(0).is_multiple_of(16) {
             return None;
         }
@@ -221,14 +221,31 @@ mod fused {
         fused_linear::serves(kind, shape, sms).then_some(LinearFit { kind, majors: [w_major, r_major], shape })
     }
 
-    /// `lhs · W + l · Rᵀ + bias` by the fused layer kernel (`linear_takes` said yes), in `lhs`'s
-    /// shape with its last axis `n`.
-    pub(super) fn linear<R: CubeRuntime>(fit: LinearFit, lhs: CubeTensor<R>, w: CubeTensor<R>, l: CubeTensor<R>, right: CubeTensor<R>, bias: Option<CubeTensor<R>>) -> CubeTensor<R> {
-        let (lhs, l, right, bias) = (aligned(lhs), aligned(l), aligned(right), bias.map(aligned));
+    /// `lhs · W + l · Rᵀ + bias + residual` by the fused layer kernel (`linear_takes` said yes), in
+    /// `lhs`'s shape with its last axis `n`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn linear<R: CubeRuntime>(
+        fit: LinearFit,
+        lhs: CubeTensor<R>,
+        w: CubeTensor<R>,
+        l: CubeTensor<R>,
+        right: CubeTensor<R>,
+        bias: Option<CubeTensor<R>>,
+        residual: Option<CubeTensor<R>>,
+    ) -> CubeTensor<R> {
+        let (lhs, l, right, bias, residual) = (aligned(lhs), aligned(l), aligned(right), bias.map(aligned), residual.map(aligned));
         let client = cuda::client(&lhs).expect("`linear_takes` checked the runtime");
         let out_shape = super::products::with_last(lhs.shape(), fit.shape[1]);
         let out = empty_like_device(&lhs, out_shape, lhs.dtype);
-        let args = LinearArgs { x: binding(&lhs), w: binding(&w), l: binding(&l), r: binding(&right), bias: bias.as_ref().map(binding), out: binding(&out) };
+        let args = LinearArgs {
+            x: binding(&lhs),
+            w: binding(&w),
+            l: binding(&l),
+            r: binding(&right),
+            bias: bias.as_ref().map(binding),
+            residual: residual.as_ref().map(binding),
+            out: binding(&out),
+        };
         launch_linear(client, fit.kind, fit.shape, fit.majors, args);
         out
     }

@@ -15,8 +15,8 @@
 //!
 //! Over a float base, [`lora_linear`] is the whole layer, `x · W + b + s · dropout(x) · Aᵀ · Bᵀ`,
 //! as one operation, so that a backend may run the base's product and the update as one GEMM: on
-//! Hopper the forward's `y` and (without a dropout) the input gradient `dy · Wᵀ + dh · A` are one
-//! kernel each (`kiln_kernels::lora::linear`), the update one more block of the base's reduction
+//! Hopper the forward's `y` and (without a dropout) the input gradient `dy · Wᵀ + dh · A + prior`
+//! are one kernel each (`kiln_kernels::lora::linear`), the update one more block of the base's reduction
 //! instead of a second pass over the `[rows, out]` output.
 
 mod backward;

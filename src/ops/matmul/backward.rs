@@ -16,7 +16,7 @@ use burn::backend::autodiff::{
     grads::Gradients,
     ops::{Backward, Ops, OpsKind},
 };
-use burn::tensor::{DType, Shape, TensorMetadata, backend::{AutodiffBackend, Backend}, ops::FloatTensor};
+use burn::tensor::{DType, Shape, TensorMetadata, backend::Backend, ops::FloatTensor};
 
 use super::{GemmLayout, GemmViews, MatmulBackend};
 
@@ -87,6 +87,24 @@ fn rhs_grad<B: MatmulBackend>(s: &Saved<B>, g: FloatTensor<B>, prior: Option<Flo
     }
 }
 
+/// A throwaway tensor like `like` (a primitive of the inner backend `$b`) given `node`: how
+/// [`take_prior`] finds a registered gradient (a macro: burn-autodiff names no node type outside
+/// itself).
+macro_rules! probe {
+    ($b:ty, $node:expr, $like:expr) => {{
+        let mut probe = <burn::backend::autodiff::Autodiff<$b> as burn::tensor::backend::AutodiffBackend>::from_inner($like.clone());
+        probe.node = $node;
+        probe
+    }};
+}
+pub(crate) use probe;
+
+/// `Σ_rows g` of a `[rows, n]`-viewed output gradient: a bias's gradient `[n]`.
+pub(crate) fn bias_grad<B: Backend>(g: FloatTensor<B>, rows: usize, n: usize) -> FloatTensor<B> {
+    let flat = B::float_reshape(g, Shape::new([rows, n]));
+    B::float_reshape(B::float_sum_dim(flat, 0), Shape::new([n]))
+}
+
 /// The gradient `grads` already holds for `probe`'s node, taken out so that the next product adds
 /// it in its epilogue; `None`, and nothing taken, unless it has `shape` and `dtype`.
 ///
@@ -119,26 +137,20 @@ impl<B: MatmulBackend, const N: usize> Backward<B, N> for GemmGrad<N> {
         let residual_node = parents.next().flatten();
         if let Some(node) = bias_node {
             let [batch, rows, n] = s.views.product().dims();
-            let flat = B::float_reshape(g.clone(), Shape::new([batch * rows, n]));
-            grads.register::<B>(node.id, B::float_reshape(B::float_sum_dim(flat, 0), Shape::new([n])));
+            grads.register::<B>(node.id, bias_grad::<B>(g.clone(), batch * rows, n));
         }
         if let Some(node) = residual_node {
             grads.register::<B>(node.id, g.clone());
         }
         // Each operand's gradient is computed, and registered, with whatever its node already
         // holds (an operand that is both lhs and rhs takes the first's share into the second).
-        let probe = |node, like: &FloatTensor<B>| {
-            let mut probe = <Autodiff<B> as AutodiffBackend>::from_inner(like.clone());
-            probe.node = node;
-            probe
-        };
         if let Some(node) = lhs_node {
-            let probe = probe(node, &s.lhs);
+            let probe = probe!(B, node, &s.lhs);
             let prior = take_prior::<B>(grads, &probe, &s.lhs.shape(), s.lhs.dtype());
             grads.register::<B>(probe.node.id, lhs_grad(&s, g.clone(), prior));
         }
         if let Some(node) = rhs_node {
-            let probe = probe(node, &s.rhs);
+            let probe = probe!(B, node, &s.rhs);
             let prior = take_prior::<B>(grads, &probe, &s.rhs.shape(), s.rhs.dtype());
             grads.register::<B>(probe.node.id, rhs_grad(&s, g, prior));
         }

@@ -4,7 +4,7 @@
 //! matmul elsewhere. Forward and both backward products (dX, dW) take the same path.
 
 mod backward;
-pub(crate) use backward::take_prior;
+pub(crate) use backward::{bias_grad, probe, take_prior};
 #[cfg(feature = "cuda")]
 mod cublaslt;
 #[cfg(feature = "cuda")]
