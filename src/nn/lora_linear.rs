@@ -136,9 +136,9 @@ impl<B: Backend> LoraAdapter<B> {
 
 /// A frozen base layer with an optional LoRA adapter: `y = base(x) + s · dropout(x) · Aᵀ · Bᵀ`
 /// through [`crate::ops::lora`] (over a float base the whole layer as one operation,
-/// [`lora_linear`]; over a quantized one the update added in a second product's epilogue), and for a
-/// DoRA adapter that output rescaled per output by `m / ‖W + ΔW‖` ([`crate::ops::dora`]). Layers
-/// a model leaves unadapted carry no adapter, so every projection of a model has one type.
+/// [`lora_linear`]; over a quantized one the update added in a second product's epilogue), and
+/// for a DoRA adapter that output rescaled per output by `m / ‖W + ΔW‖` ([`crate::ops::dora`]).
+/// Layers a model leaves unadapted carry no adapter, so every projection of a model has one type.
 ///
 /// The base's parameters take no gradient (no optimizer state either); `A`, `B` (and `m`) train.
 /// The dropout is active only where the backend tracks gradients, each forward with a fresh mask

@@ -197,9 +197,9 @@ mod fused {
 
     /// The launch, if the fused layer kernel takes `pass` with `lhs` (`x` or `dy`), the base's
     /// weight `w`, the update's right factor `right` (`B` `[out, r]` forward, `A` `[r, in]`
-    /// backward) and `extra` (the bias forward, the prior backward): one f16/bf16 dtype, a device of compute capability 9.0 (the kernel is
-    /// `sm_90a`), `w` read in place (stored either way round, 16-byte aligned) and sizes the
-    /// kernel [`fused_linear::serves`].
+    /// backward) and `extra` (the bias forward, the prior backward): one f16/bf16 dtype, a device
+    /// of compute capability 9.0 (the kernel is `sm_90a`), `w` read in place (stored either way
+    /// round, 16-byte aligned) and sizes the kernel [`fused_linear::serves`].
     pub(super) fn linear_takes<R: CubeRuntime>(lhs: &CubeTensor<R>, w: &CubeTensor<R>, right: &CubeTensor<R>, extra: Option<&CubeTensor<R>>, pass: Pass) -> Option<LinearFit> {
         let kind = cuda::float_kind(lhs.dtype)?;
         let same = [w, right].into_iter().chain(extra).all(|t| t.dtype == lhs.dtype);
