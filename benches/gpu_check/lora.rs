@@ -13,6 +13,29 @@ use super::B;
 
 pub(super) type Ad = Autodiff<B>;
 
+/// `v` rounded to `dtype` (f16, else bf16), as f64: the same-precision path's one rounding.
+fn round_to(v: f32, dtype: DType) -> f64 {
+    use burn::tensor::{bf16, f16};
+    if dtype == DType::F16 { f16::from_f32(v).to_f64() } else { bf16::from_f32(v).to_f64() }
+}
+
+/// `Σ_k left(i, k) · right(k, j)` over `k < depth` for an `[m, n]` result on the host: the f64
+/// oracle's sums and the same-precision path's f32 sums (of the rounded inputs, in `k` order).
+fn host_product(m: usize, n: usize, depth: usize, left: &dyn Fn(usize, usize) -> f64, right: &dyn Fn(usize, usize) -> f64) -> (Vec<f64>, Vec<f32>) {
+    let (mut exact, mut same) = (vec![0.0f64; m * n], vec![0.0f32; m * n]);
+    for i in 0..m {
+        for k in 0..depth {
+            let a = left(i, k);
+            for j in 0..n {
+                let b = right(k, j);
+                exact[i * n + j] += a * b;
+                same[i * n + j] += a as f32 * b as f32;
+            }
+        }
+    }
+    (exact, same)
+}
+
 /// `(d_in, d_out)` of the Llama-7B projections the steps run at.
 pub(super) const STEPS: [(usize, usize); 2] = [(4096, 4096), (4096, 11008)];
 pub(super) const TOKENS: usize = 4096;
@@ -186,12 +209,11 @@ pub fn step_trace(device: &CudaDevice, rounds: usize) {
 /// kernels for minutes on a fresh machine. Cases: one token, tokens and features off the kernel's
 /// tiles, ranks 8 and 16, a full 4096² product, and rank 32 (past `MAX_RANK`: the GEMM pair).
 pub fn dy_parity(device: &CudaDevice) -> bool {
-    use burn::tensor::{TensorPrimitive, bf16, f16};
+    use burn::tensor::TensorPrimitive;
     use kiln::ops::lora::LoraBackend;
     use super::Cube;
     use super::common::{compare, poison, random, tensor, values};
 
-    let round = |v: f32, dtype: DType| if dtype == DType::F16 { f16::from_f32(v).to_f64() } else { bf16::from_f32(v).to_f64() };
     let mut ok = true;
     for dtype in [DType::BF16, DType::F16] {
         for (tokens, out, r, seed) in [(1, 4096, 16, 1), (300, 1000, 16, 2), (258, 4104, 8, 3), (517, 96, 8, 4), (4096, 4096, 16, 5), (300, 1000, 32, 6)] {
@@ -205,20 +227,8 @@ pub fn dy_parity(device: &CudaDevice) -> bool {
             let kernel = [dh, db].map(|t| values(Tensor::<Cube, 2>::from_primitive(TensorPrimitive::Float(t))));
             // `(i, j)` of `dh` sums `dy[i, k] · B[k, j]` over `k < out`; of `dB`, `dy[k, i] · h[k, j]` over `k < tokens`.
             let products = |scale: f32, rows: usize, depth: usize, left: &dyn Fn(usize, usize) -> f64, right: &dyn Fn(usize, usize) -> f64| {
-                let (mut exact, mut same) = (vec![0.0; rows * r], vec![0.0; rows * r]);
-                for i in 0..rows {
-                    for j in 0..r {
-                        let (mut e, mut s) = (0.0f64, 0.0f32);
-                        for k in 0..depth {
-                            let (a, b) = (left(i, k), right(k, j));
-                            e += a * b;
-                            s += a as f32 * b as f32;
-                        }
-                        exact[i * r + j] = scale as f64 * e;
-                        same[i * r + j] = round(scale * s, dtype);
-                    }
-                }
-                (exact, same)
+                let (exact, same) = host_product(rows, r, depth, left, right);
+                (exact.iter().map(|e| scale as f64 * e).collect::<Vec<_>>(), same.iter().map(|s| round_to(scale * s, dtype)).collect::<Vec<_>>())
             };
             let dh_ref = products(scales[0], tokens, out, &|i, k| dy_h[i * out + k], &|k, j| b_h[k * r + j]);
             let db_ref = products(scales[1], out, tokens, &|i, k| dy_h[k * out + i], &|k, j| h_h[k * r + j]);
@@ -244,12 +254,11 @@ pub fn dy_parity(device: &CudaDevice) -> bool {
 /// tokens and features off the tiles, ranks 8 and 16, 4096², and rank 32 (past `MAX_RANK`: the
 /// GEMM path).
 pub fn expand_parity(device: &CudaDevice) -> bool {
-    use burn::tensor::{Shape, TensorPrimitive, bf16, f16};
+    use burn::tensor::{Shape, TensorPrimitive};
     use kiln::ops::lora::{DropoutMask, ExpandSpec, LoraBackend};
     use super::Cube;
     use super::common::{compare, poison, random, tensor, values};
 
-    let round = |v: f32, dtype: DType| if dtype == DType::F16 { f16::from_f32(v).to_f64() } else { bf16::from_f32(v).to_f64() };
     let cases = [
         (4096, 4096, 16, true, true, 0.0),
         (300, 1000, 16, true, true, 0.0),
@@ -275,23 +284,18 @@ pub fn expand_parity(device: &CudaDevice) -> bool {
             let out = Cube::lora_expand(prim(l), prim(rhs), c.map(prim), spec, Shape::new([tokens, n]));
             let got = values(Tensor::<Cube, 2>::from_primitive(TensorPrimitive::Float(out)));
             let right = |k: usize, j: usize| if transposed { rhs_h[j * r + k] } else { rhs_h[k * n + j] };
+            let (sums_exact, sums_same) = host_product(tokens, n, r, &|i, k| l_h[i * r + k], &right);
             let (mut exact, mut same) = (vec![0.0; tokens * n], vec![0.0; tokens * n]);
             for i in 0..tokens {
                 for j in 0..n {
-                    let (mut e, mut s) = (0.0f64, 0.0f32);
-                    for k in 0..r {
-                        let (a, b) = (l_h[i * r + k], right(k, j));
-                        e += a * b;
-                        s += a as f32 * b as f32;
-                    }
-                    let (mut e, mut s) = (spec.scale as f64 * e, spec.scale * s);
+                    let (mut e, mut s) = (spec.scale as f64 * sums_exact[i * n + j], spec.scale * sums_same[i * n + j]);
                     if let Some(mask) = dropout {
                         let keep = if mask.keeps((i * n + j) as u32) { mask.scale } else { 0.0 };
                         (e, s) = (e * keep as f64, s * keep);
                     }
                     let residual = c_h.as_ref().map_or(0.0, |c| c[i * n + j]);
                     exact[i * n + j] = e + residual;
-                    same[i * n + j] = round(s + residual as f32, dtype);
+                    same[i * n + j] = round_to(s + residual as f32, dtype);
                 }
             }
             let cmp = compare("out", &got, &same, &exact, dtype, r as f64);
@@ -315,30 +319,14 @@ pub fn expand_parity(device: &CudaDevice) -> bool {
 /// on every new shape. Cases: `W` as stored and transposed (both layouts of each pass), a bias,
 /// ranks 8–64, a reduction off the 64-wide blocks (1000, 776), rows and columns off the tiles.
 pub fn linear_parity(device: &CudaDevice) -> bool {
-    use burn::tensor::{TensorData, TensorPrimitive, bf16, f16};
+    use burn::tensor::{TensorData, TensorPrimitive};
     use kiln::ops::lora::{LoraBackend, LoraSpec};
     use kiln_kernels::{cuda_source::FloatKind, lora::linear::serves};
     use super::Cube;
     use super::common::{compare, poison, random, tensor, values};
 
-    let round = |v: f32, dtype: DType| if dtype == DType::F16 { f16::from_f32(v).to_f64() } else { bf16::from_f32(v).to_f64() };
     let prim = |t: Tensor<Cube, 2>| t.into_primitive().tensor();
     let back = |t| values(Tensor::<Cube, 2>::from_primitive(TensorPrimitive::Float(t)));
-    // `Σ_k l(i, k) · r(k, j)` for an `[m, n]` result: (f64, f32) sums.
-    let product = |m: usize, n: usize, depth: usize, l: &dyn Fn(usize, usize) -> f64, r: &dyn Fn(usize, usize) -> f64| {
-        let (mut exact, mut same) = (vec![0.0f64; m * n], vec![0.0f32; m * n]);
-        for i in 0..m {
-            for k in 0..depth {
-                let a = l(i, k);
-                for j in 0..n {
-                    let b = r(k, j);
-                    exact[i * n + j] += a * b;
-                    same[i * n + j] += a as f32 * b as f32;
-                }
-            }
-        }
-        (exact, same)
-    };
     let scale = 2.0f32;
     let mut ok = true;
     with_fused_layer("1", || {
@@ -372,21 +360,21 @@ pub fn linear_parity(device: &CudaDevice) -> bool {
                 let g = Cube::lora_linear_backward(prim(x), hs, prim(w), prim(a), prim(b), prim(dy), spec, prior.map(prim), true);
                 let (y, dx) = (back(y), back(g.x.expect("dx was asked for")));
                 // Forward: hs = round(s · x · Aᵀ), y = x · W + hs · Bᵀ + bias.
-                let (h_exact, h_same) = product(rows, r, d_in, &|i, k| xh[i * d_in + k], &|k, j| ah[j * d_in + k]);
-                let hs_r: Vec<f64> = h_same.iter().map(|v| round(scale * v, dtype)).collect();
-                let (base_exact, base_same) = product(rows, d_out, d_in, &|i, k| xh[i * d_in + k], &|k, j| wh[k * d_out + j]);
-                let (up_exact, _) = product(rows, d_out, r, &|i, k| scale as f64 * h_exact[i * r + k], &|k, j| bh[j * r + k]);
-                let (_, up_same) = product(rows, d_out, r, &|i, k| hs_r[i * r + k], &|k, j| bh[j * r + k]);
+                let (h_exact, h_same) = host_product(rows, r, d_in, &|i, k| xh[i * d_in + k], &|k, j| ah[j * d_in + k]);
+                let hs_r: Vec<f64> = h_same.iter().map(|v| round_to(scale * v, dtype)).collect();
+                let (base_exact, base_same) = host_product(rows, d_out, d_in, &|i, k| xh[i * d_in + k], &|k, j| wh[k * d_out + j]);
+                let (up_exact, _) = host_product(rows, d_out, r, &|i, k| scale as f64 * h_exact[i * r + k], &|k, j| bh[j * r + k]);
+                let (_, up_same) = host_product(rows, d_out, r, &|i, k| hs_r[i * r + k], &|k, j| bh[j * r + k]);
                 let y_exact: Vec<f64> = (0..rows * d_out).map(|i| base_exact[i] + up_exact[i] + bias_h[i % d_out]).collect();
-                let y_same: Vec<f64> = (0..rows * d_out).map(|i| round(base_same[i] + up_same[i] + bias_h[i % d_out] as f32, dtype)).collect();
+                let y_same: Vec<f64> = (0..rows * d_out).map(|i| round_to(base_same[i] + up_same[i] + bias_h[i % d_out] as f32, dtype)).collect();
                 // Input gradient: dh = round(s · dy · B), dx = dy · Wᵀ + dh · A + prior.
-                let (dh_exact, dh_same) = product(rows, r, d_out, &|i, k| dyh[i * d_out + k], &|k, j| bh[k * r + j]);
-                let dh_r: Vec<f64> = dh_same.iter().map(|v| round(scale * v, dtype)).collect();
-                let (gb_exact, gb_same) = product(rows, d_in, d_out, &|i, k| dyh[i * d_out + k], &|k, j| wh[j * d_out + k]);
-                let (gu_exact, _) = product(rows, d_in, r, &|i, k| scale as f64 * dh_exact[i * r + k], &|k, j| ah[k * d_in + j]);
-                let (_, gu_same) = product(rows, d_in, r, &|i, k| dh_r[i * r + k], &|k, j| ah[k * d_in + j]);
+                let (dh_exact, dh_same) = host_product(rows, r, d_out, &|i, k| dyh[i * d_out + k], &|k, j| bh[k * r + j]);
+                let dh_r: Vec<f64> = dh_same.iter().map(|v| round_to(scale * v, dtype)).collect();
+                let (gb_exact, gb_same) = host_product(rows, d_in, d_out, &|i, k| dyh[i * d_out + k], &|k, j| wh[j * d_out + k]);
+                let (gu_exact, _) = host_product(rows, d_in, r, &|i, k| scale as f64 * dh_exact[i * r + k], &|k, j| ah[k * d_in + j]);
+                let (_, gu_same) = host_product(rows, d_in, r, &|i, k| dh_r[i * r + k], &|k, j| ah[k * d_in + j]);
                 let dx_exact: Vec<f64> = (0..rows * d_in).map(|i| gb_exact[i] + gu_exact[i] + prior_h[i]).collect();
-                let dx_same: Vec<f64> = (0..rows * d_in).map(|i| round(gb_same[i] + gu_same[i] + prior_h[i] as f32, dtype)).collect();
+                let dx_same: Vec<f64> = (0..rows * d_in).map(|i| round_to(gb_same[i] + gu_same[i] + prior_h[i] as f32, dtype)).collect();
                 // The path each pass takes (the device and alignment hold here): the kernel's fit.
                 let kind = if dtype == DType::F16 { FloatKind::F16 } else { FloatKind::Bf16 };
                 let fused = |n, k| if serves(kind, [rows, n, k, r], 132) { "fused" } else { "composed" };

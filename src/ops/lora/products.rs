@@ -73,20 +73,24 @@ pub(super) fn forward<B: Backend>(
     b: FloatTensor<B>,
     spec: LoraSpec,
 ) -> (FloatTensor<B>, FloatTensor<B>) {
-    let [rows, d_in, r, _] = dims::<B>(&x, &a, &b);
     let out = base.shape();
-    let x = k.dropout(x, &spec);
-    let h = (k.gemm)(x, a, None, None, views([1, rows, d_in], [1, r, d_in], Shape::new([rows, r]), false, true));
+    let h = factor(k, x, a, &spec, 1.0);
     let y = (k.expand)(h.clone(), b, Some(base), ExpandSpec { rhs_transposed: true, scale: spec.scale, dropout: None }, out);
     (y, h)
+}
+
+/// `scale · dropout(x) · Aᵀ` (`[rows, r]`): the update's rank-r factor, which [`forward`] keeps
+/// unscaled and a LoRA layer over a float base scaled by `s` ([`scaled_factor`]).
+fn factor<B: Backend>(k: &Kernels<B>, x: FloatTensor<B>, a: FloatTensor<B>, spec: &LoraSpec, scale: f32) -> FloatTensor<B> {
+    let ([r, d_in], x_shape) = (a.shape().dims(), x.shape());
+    let rows = x_shape.num_elements() / d_in.max(1);
+    (k.gemm)(k.dropout(x, spec), a, None, None, views([1, rows, d_in], [1, r, d_in], Shape::new([rows, r]), false, true).scaled(scale))
 }
 
 /// `s · dropout(x) · Aᵀ` (`[rows, r]`): the update's rank-r factor, scaled, which a LoRA layer
 /// over a float base keeps for its backward.
 pub(super) fn scaled_factor<B: Backend>(k: &Kernels<B>, x: FloatTensor<B>, a: FloatTensor<B>, spec: &LoraSpec) -> FloatTensor<B> {
-    let ([r, d_in], x_shape) = (a.shape().dims(), x.shape());
-    let rows = x_shape.num_elements() / d_in.max(1);
-    (k.gemm)(k.dropout(x, spec), a, None, None, views([1, rows, d_in], [1, r, d_in], Shape::new([rows, r]), false, true).scaled(spec.scale))
+    factor(k, x, a, spec, spec.scale)
 }
 
 /// `x`'s shape with its last axis `width`: a layer's output shape.
