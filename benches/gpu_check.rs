@@ -708,6 +708,9 @@ fn main() {
     if mode == "lora-bench" || mode == "bench" || mode == "all" {
         lora::bench_steps(&device);
     }
+    if mode == "qlora-bench" || mode == "bench" || mode == "all" {
+        lora::bench_qlora_rounds(&device);
+    }
     if mode == "ternary" || mode == "ternary-parity" || mode == "all" {
         ok &= ternary::parity(&device);
     }

@@ -1,8 +1,8 @@
 //! LoRA: the op (forward and every gradient, with and without dropout) and the whole layer over a
-//! float base in one op (`lora_linear`, its base's gradients too where it trains) against the
-//! formula in plain Burn ops; the dropout kernel against its host mask, bit for bit; `LoraLinear` over float
-//! and 4-bit bases (starts equal to its base, frozen base, merge/unmerge, training touches only
-//! the adapter).
+//! float base in one op (`lora_linear`, its base's gradients too where it trains) or a frozen
+//! 4-bit base (`lora_linear_4bit`) against the formula in plain Burn ops; the dropout kernel
+//! against its host mask, bit for bit; `LoraLinear` over float and 4-bit bases (starts equal to
+//! its base, frozen base, merge/unmerge, training touches only the adapter).
 
 use crate::common;
 
@@ -13,8 +13,8 @@ use burn::tensor::{DType, Tensor, backend::Backend};
 use common::adapters::{LoraCase, LoraLinearCase};
 use common::checks::assert_cases;
 use kiln::nn::{LinearConfig, LinearLayer, LoraConfig, LoraLinear, Nf4Linear};
-use kiln::ops::lora::{DropoutMask, LoraSpec, lora, lora_dropout, lora_linear};
-use kiln::ops::nf4::QuantType;
+use kiln::ops::lora::{DropoutMask, LoraSpec, lora, lora_dropout, lora_linear, lora_linear_4bit};
+use kiln::ops::nf4::{QuantType, Quantized4};
 
 fn cases() -> Vec<LoraCase> {
     let case = |batch, m, d_in, d_out, rank, dropout, seed| LoraCase { batch, m, d_in, d_out, rank, scale: 2.0, dropout, seed };
@@ -69,6 +69,35 @@ fn lora_linear_matches_reference_on_wgpu() {
     assert_cases::<Autodiff<burn::backend::Wgpu>, _>(&[cases[2]], &device, &[DType::F16]);
 }
 
+/// A 4-bit base: ragged shapes whose weight has an odd row length (a partial last block), eight
+/// rows or fewer (the backends' 4-bit GEMV, the update added to it) and more (the dequantized
+/// weight through the float layer's products), dropout, a prior, a tracked bias, FP4, rank 64.
+fn linear_4bit_cases() -> Vec<LoraLinearCase> {
+    let case = |batch, m, d_in, d_out, rank, seed| LoraLinearCase { packed: Some(QuantType::Nf4), ..LoraLinearCase::new(batch, m, d_in, d_out, rank, seed) };
+    vec![
+        LoraLinearCase { bias: true, prior: true, ..case(2, 3, 33, 18, 8, 21) },
+        LoraLinearCase { dropout: 0.25, bias: true, base_grad: true, ..case(1, 17, 64, 96, 8, 22) },
+        LoraLinearCase { packed: Some(QuantType::Fp4), x_grad: false, ..case(3, 5, 130, 70, 64, 23) },
+        LoraLinearCase { dropout: 0.1, prior: true, ..case(2, 33, 96, 40, 1, 24) },
+        case(1, 1, 200, 24, 16, 25),
+    ]
+}
+
+#[test]
+fn lora_linear_4bit_runs_through_autodiff_ndarray() {
+    assert_cases::<Autodiff<NdArray>, _>(&linear_4bit_cases(), &Default::default(), &[DType::F32]);
+}
+
+/// wgpu's subset: the GEMV's few rows with a prior and bias, the dequantized path with dropout and
+/// a trained bias, FP4, and f16.
+#[test]
+fn lora_linear_4bit_matches_reference_on_wgpu() {
+    let Some(device) = common::wgpu_device() else { return };
+    let cases = linear_4bit_cases();
+    assert_cases::<Autodiff<burn::backend::Wgpu>, _>(&cases[..3], &device, &[DType::F32]);
+    assert_cases::<Autodiff<burn::backend::Wgpu>, _>(&cases[..2], &device, &[DType::F16]);
+}
+
 #[test]
 fn dropout_kernel_drops_the_host_masks_elements() {
     let Some(device) = common::wgpu_device() else { return };
@@ -121,8 +150,15 @@ fn lora_linear_rejects_bad_shapes() {
     let msg = common::panic_message(|| lora_linear(ones([3, 16]), ones([16, 8]), None, ones([4, 16]), ones([9, 4]), spec));
     assert!(msg.contains("kiln::lora_linear") && msg.contains("[9, 4]"), "{msg}");
     let bias = Tensor::<NdArray, 1>::ones([7], &device);
-    let msg = common::panic_message(|| lora_linear(ones([3, 16]), ones([16, 8]), Some(bias), ones([4, 16]), ones([8, 4]), spec));
+    let msg = common::panic_message(|| lora_linear(ones([3, 16]), ones([16, 8]), Some(bias.clone()), ones([4, 16]), ones([8, 4]), spec));
     assert!(msg.contains("kiln::lora_linear") && msg.contains("bias [7]"), "{msg}");
+    let packed = Quantized4::<NdArray>::quantize(ones([8, 16]), QuantType::Nf4, 64, false);
+    let msg = common::panic_message(|| lora_linear_4bit(ones([3, 15]), &packed, None, ones([4, 16]), ones([8, 4]), spec));
+    assert!(msg.contains("kiln::lora_linear_4bit") && msg.contains("[3, 15]") && msg.contains("[8, 16]"), "{msg}");
+    let msg = common::panic_message(|| lora_linear_4bit(ones([3, 16]), &packed, Some(bias), ones([4, 16]), ones([8, 4]), spec));
+    assert!(msg.contains("kiln::lora_linear_4bit") && msg.contains("bias [7]"), "{msg}");
+    let msg = common::panic_message(|| lora_linear_4bit(ones([3, 16]), &packed, None, ones([4, 16]), ones([8, 4]).cast(DType::F64), spec));
+    assert!(msg.contains("kiln::lora_linear_4bit") && msg.contains("b: F64"), "{msg}");
 }
 
 type Ad = Autodiff<NdArray>;

@@ -180,6 +180,69 @@ pub fn bench_steps(device: &CudaDevice) {
     }
 }
 
+/// An [`Nf4Linear`] that shows its adapter only its forward (no packed weight): a QLoRA layer
+/// around it adds the update to the 4-bit product as composed ops (`lora`), the path before
+/// `lora_linear_4bit`, for the bench to alternate with that op.
+#[derive(burn::module::Module, Debug)]
+struct OwnForward<BK: burn::tensor::backend::Backend> {
+    inner: Nf4Linear<BK>,
+}
+
+impl<BK: kiln::ops::nf4::Nf4Backend> LinearLayer<BK> for OwnForward<BK> {
+    fn forward<const D: usize>(&self, x: Tensor<BK, D>) -> Tensor<BK, D> {
+        self.inner.forward(x)
+    }
+
+    fn d_input(&self) -> usize {
+        self.inner.d_input()
+    }
+
+    fn d_output(&self) -> usize {
+        self.inner.d_output()
+    }
+
+    fn bias(&self) -> Option<Tensor<BK, 1>> {
+        self.inner.bias()
+    }
+
+    fn dense_weight(&self, dtype: DType) -> Tensor<BK, 2> {
+        self.inner.dense_weight(dtype)
+    }
+}
+
+/// A QLoRA layer's step (NF4 base, rank 16, 4096 tokens) as one op (`lora_linear_4bit`: on Hopper
+/// the dequantized weight into the fused layer kernel), with `KILN_LORA_LINEAR=0` (the same op on
+/// composed float products), and as the update added to the 4-bit product ([`OwnForward`]), each
+/// round next to its base's step, three rounds.
+pub fn bench_qlora_rounds(device: &CudaDevice) {
+    for (d_in, d_out) in STEPS {
+        let x = bf16([TOKENS, d_in], 1.0, device).require_grad();
+        let dy = bf16([TOKENS, d_out], 1.0, device);
+        let linear = Linear { weight: Param::from_tensor(bf16([d_in, d_out], 0.02, device)), bias: None };
+        let nf4 = Nf4Linear::from_linear(&linear, QuantType::Nf4, 64, true);
+        let base = LoraLinear::frozen(nf4.clone());
+        let layer = LoraLinear::frozen(nf4.clone()).with_adapter(adapter(d_in, d_out, 0.0, device));
+        let composed = LoraLinear::frozen(OwnForward { inner: nf4 }).with_adapter(adapter(d_in, d_out, 0.0, device));
+        let ms = |t: f64| t * 1e3;
+        for round in 0..3 {
+            let b = step(&base, &x, &dy, device);
+            let fused = step(&layer, &x, &dy, device);
+            let unfused = with_fused_layer("0", || step(&layer, &x, &dy, device));
+            let old = step(&composed, &x, &dy, device);
+            println!(
+                "bench qlora step t{TOKENS} k{d_in} n{d_out} r{RANK} bf16 round {round}: nf4 base {:.3} ms | lora_linear_4bit {:.3} ms ({:.3}x) | the same, KILN_LORA_LINEAR=0 {:.3} ms ({:.3}x) | update on the 4-bit product {:.3} ms ({:.3}x)",
+                ms(b),
+                ms(fused),
+                fused / b,
+                ms(unfused),
+                unfused / b,
+                ms(old),
+                old / b
+            );
+        }
+    }
+}
+
 /// `rounds` LoRA steps at 4096 → 4096 (4096 tokens, rank 16, bf16), each synchronized, after the
 /// base alone as many times: for a profiler or `cuda_trace.so` to split a step's time by kernel.
 pub fn step_trace(device: &CudaDevice, rounds: usize) {
@@ -321,6 +384,8 @@ pub fn expand_parity(device: &CudaDevice) -> bool {
 pub fn linear_parity(device: &CudaDevice) -> bool {
     use burn::tensor::{TensorData, TensorPrimitive};
     use kiln::ops::lora::{LoraBackend, LoraSpec};
+    use kiln::ops::nf4::Quantized4;
+    use kiln_kernels::nf4::wgmma::MAX_ROWS as MAX_ROWS_DIRECT;
     use kiln_kernels::{cuda_source::FloatKind, lora::linear::serves};
     use super::Cube;
     use super::common::{compare, poison, random, tensor, values};
@@ -331,11 +396,18 @@ pub fn linear_parity(device: &CudaDevice) -> bool {
     let mut ok = true;
     with_fused_layer("1", || {
         for dtype in [DType::BF16, DType::F16] {
-            for (rows, d_in, d_out, r, with_bias, transposed, with_prior, seed) in [
-                (600, 640, 520, 16, true, false, false, 1u64),
-                (300, 1000, 1032, 64, false, true, true, 2),
-                (517, 776, 640, 8, true, true, false, 3),
-                (9, 64, 72, 24, false, false, true, 4),
+            // `packed`: an NF4 base (`lora_linear_4bit`, W `[d_out, d_in]` dequantized by the op
+            // in the run's dtype): more rows than the 4-bit GEMM takes (the dequantized weight
+            // into the fused kernel), 300 rows (the 4-bit GEMM, the update added after it) and 5
+            // (the 4-bit GEMV).
+            for (rows, d_in, d_out, r, with_bias, transposed, with_prior, packed, seed) in [
+                (600, 640, 520, 16, true, false, false, false, 1u64),
+                (300, 1000, 1032, 64, false, true, true, false, 2),
+                (517, 776, 640, 8, true, true, false, false, 3),
+                (9, 64, 72, 24, false, false, true, false, 4),
+                (1100, 640, 520, 16, true, true, true, true, 5),
+                (300, 1024, 1032, 64, false, true, false, true, 6),
+                (5, 640, 776, 8, true, true, true, true, 7),
             ] {
                 poison::<Cube>(device, 4 * rows * (d_in + d_out), dtype);
                 let scaled = |shape: [usize; 2], seed: u64, by: f64| {
@@ -345,7 +417,12 @@ pub fn linear_parity(device: &CudaDevice) -> bool {
                 let x = scaled([rows, d_in], seed, 1.0);
                 let stored = if transposed { [d_out, d_in] } else { [d_in, d_out] };
                 let w_stored = scaled(stored, seed + 1, 1.0 / (d_in as f64).sqrt());
-                let w = if transposed { w_stored.clone().transpose() } else { w_stored.clone() };
+                let w4 = packed.then(|| Quantized4::quantize(w_stored.clone(), QuantType::Nf4, 64, true));
+                let w = match &w4 {
+                    Some(w4) => w4.dequantize(dtype).transpose(),
+                    None if transposed => w_stored.clone().transpose(),
+                    None => w_stored.clone(),
+                };
                 let a = scaled([r, d_in], seed + 2, 1.0 / (d_in as f64).sqrt());
                 let b = scaled([d_out, r], seed + 3, 0.5);
                 let dy = scaled([rows, d_out], seed + 4, 1.0);
@@ -356,8 +433,16 @@ pub fn linear_parity(device: &CudaDevice) -> bool {
                 let bias_h = bias.as_ref().map(|t| values(t.clone())).unwrap_or_else(|| vec![0.0; d_out]);
                 let spec = LoraSpec { scale, dropout: None };
                 let bias_prim = bias.map(|t| t.reshape([d_out]).into_primitive().tensor());
-                let (y, hs) = Cube::lora_linear_forward(prim(x.clone()), prim(w.clone()), bias_prim, prim(a.clone()), prim(b.clone()), spec);
-                let g = Cube::lora_linear_backward(prim(x), hs, prim(w), prim(a), prim(b), prim(dy), spec, prior.map(prim), true);
+                let (y, g) = match &w4 {
+                    Some(w4) => {
+                        let (y, hs) = Cube::lora_linear_4bit_forward(prim(x.clone()), w4.primitive(), bias_prim, prim(a.clone()), prim(b.clone()), spec);
+                        (y, Cube::lora_linear_4bit_backward(prim(x), hs, w4.primitive(), prim(a), prim(b), prim(dy), spec, prior.map(prim), true))
+                    }
+                    None => {
+                        let (y, hs) = Cube::lora_linear_forward(prim(x.clone()), prim(w.clone()), bias_prim, prim(a.clone()), prim(b.clone()), spec);
+                        (y, Cube::lora_linear_backward(prim(x), hs, prim(w), prim(a), prim(b), prim(dy), spec, prior.map(prim), true))
+                    }
+                };
                 let (y, dx) = (back(y), back(g.x.expect("dx was asked for")));
                 // Forward: hs = round(s · x · Aᵀ), y = x · W + hs · Bᵀ + bias.
                 let (h_exact, h_same) = host_product(rows, r, d_in, &|i, k| xh[i * d_in + k], &|k, j| ah[j * d_in + k]);
@@ -378,10 +463,11 @@ pub fn linear_parity(device: &CudaDevice) -> bool {
                 // The path each pass takes (the device and alignment hold here): the kernel's fit.
                 let kind = if dtype == DType::F16 { FloatKind::F16 } else { FloatKind::Bf16 };
                 let fused = |n, k| if serves(kind, [rows, n, k, r], 132) { "fused" } else { "composed" };
-                for (name, got, same, exact, path) in [("y", &y, &y_same, &y_exact, fused(d_out, d_in)), ("dx", &dx, &dx_same, &dx_exact, fused(d_in, d_out))] {
+                let forward = if packed && rows <= MAX_ROWS_DIRECT { "4-bit product + update" } else { fused(d_out, d_in) };
+                for (name, got, same, exact, path) in [("y", &y, &y_same, &y_exact, forward), ("dx", &dx, &dx_same, &dx_exact, fused(d_in, d_out))] {
                     let c = compare(name, got, same, exact, dtype, 1.0);
                     println!(
-                        "parity lora-linear t{rows} in{d_in} out{d_out} r{r} bias={with_bias} transposed={transposed} prior={with_prior} {dtype:?} {name} ({path}) kernel_err {:.3e} ref_err {:.3e} bound {:.3e} {}",
+                        "parity lora-linear t{rows} in{d_in} out{d_out} r{r} bias={with_bias} transposed={transposed} prior={with_prior} nf4={packed} {dtype:?} {name} ({path}) kernel_err {:.3e} ref_err {:.3e} bound {:.3e} {}",
                         c.kernel_err, c.reference_err, c.bound, if c.passed() { "ok" } else { "FAIL" }
                     );
                     ok &= c.passed();

@@ -3,6 +3,7 @@ use burn::module::{Initializer, Module, ModuleDisplay, Param};
 use burn::tensor::{DType, FloatDType, Tensor, backend::Backend};
 
 use crate::ops::matmul::{MatmulBackend, linear, linear_residual};
+use crate::ops::nf4::Quantized4;
 
 /// Configuration of [`Linear`]; the same fields and defaults as `burn::nn::LinearConfig`.
 #[derive(Config, Debug)]
@@ -72,6 +73,13 @@ pub trait LinearLayer<B: Backend>: Module<B> + ModuleDisplay {
     /// as one operation ([`crate::ops::lora::lora_linear`]). `None` for quantized or adapted
     /// layers.
     fn float_weight(&self) -> Option<Tensor<B, 2>> {
+        None
+    }
+
+    /// The frozen 4-bit `[d_output, d_input]` weight the forward multiplies, where it is one: an
+    /// adapter around such a layer runs as one operation too
+    /// ([`crate::ops::lora::lora_linear_4bit`]). `None` for float or adapted layers.
+    fn packed_weight(&self) -> Option<Quantized4<B>> {
         None
     }
 }

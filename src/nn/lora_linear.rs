@@ -10,7 +10,7 @@ use burn::tensor::{DType, FloatDType, Tensor, backend::Backend};
 use crate::nn::{Linear, LinearLayer};
 use crate::ops::dora::{self, dora, dora_norm};
 use crate::ops::{prim, wrap};
-use crate::ops::lora::{DropoutMask, LoraBackend, LoraSpec, lora, lora_dropout, lora_linear};
+use crate::ops::lora::{DropoutMask, LoraBackend, LoraSpec, lora, lora_dropout, lora_linear, lora_linear_4bit};
 
 /// Configuration of a LoRA adapter; PEFT's `LoraConfig` fields and defaults.
 #[derive(Config, Debug)]
@@ -241,13 +241,16 @@ impl<B: LoraBackend, L: LinearLayer<B>> LoraLinear<B, L> {
         }
         let spec = LoraSpec { scale: adapter.scale() as f32, dropout };
         let (a, b) = (adapter.lora_a.val(), adapter.lora_b.val());
-        match self.base.float_weight() {
-            Some(weight) => lora_linear(x, weight, self.base.bias(), a, b, spec),
-            None => {
-                let base = self.base.forward(x.clone());
-                lora(x, base, a, b, spec)
-            }
+        if let Some(weight) = self.base.float_weight() {
+            return lora_linear(x, weight, self.base.bias(), a, b, spec);
         }
+        if let Some(weight) = self.base.packed_weight() {
+            // The 4-bit layer adds its bias in the output's dtype.
+            let bias = self.base.bias().map(|bias| bias.cast(FloatDType::from(x.dtype())));
+            return lora_linear_4bit(x, &weight, bias, a, b, spec);
+        }
+        let base = self.base.forward(x.clone());
+        lora(x, base, a, b, spec)
     }
 
     /// The weight the forward applies, `[d_input, d_output]` in f32: `W + ΔW`, for DoRA

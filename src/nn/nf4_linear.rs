@@ -177,4 +177,8 @@ impl<B: Nf4Backend> LinearLayer<B> for Nf4Linear<B> {
     fn dense_weight(&self, dtype: DType) -> Tensor<B, 2> {
         self.dequantize(dtype)
     }
+
+    fn packed_weight(&self) -> Option<Quantized4<B>> {
+        Some(self.weight())
+    }
 }

@@ -5,6 +5,7 @@ use burn::module::Param;
 use burn::tensor::{DType, Tensor, TensorData};
 use kiln::KilnAutodiffBackend;
 use kiln::nn::{Linear, LoraAdapter, LoraConfig, LoraLinear};
+use kiln::ops::nf4::{Packed4, QuantType, Quantized4};
 use kiln::ops::{self, lora::DropoutMask};
 
 use super::checks::{Case, grad, prim, weighted, wrap};
@@ -105,8 +106,11 @@ pub struct LoraLinearCase {
     pub x_grad: bool,
     /// A second consumer of a tracked `x` whose gradient is registered first.
     pub prior: bool,
-    /// `W` and the bias tracked: a base that trains.
+    /// `W` and the bias tracked: a base that trains (a 4-bit `W` is frozen: its bias alone).
     pub base_grad: bool,
+    /// `W` 4-bit (`[d_out, d_in]`, blocks of 64; NF4 with double quantization, FP4 without),
+    /// through `lora_linear_4bit`.
+    pub packed: Option<QuantType>,
     pub seed: u64,
 }
 
@@ -114,7 +118,7 @@ impl LoraLinearCase {
     /// `batch × m` rows, `d_in → d_out`, rank `rank`, scale 2: `x` and the adapter tracked, no
     /// dropout, bias, prior, transposed or trained base (set those by struct update).
     pub fn new(batch: usize, m: usize, d_in: usize, d_out: usize, rank: usize, seed: u64) -> Self {
-        Self { batch, m, d_in, d_out, rank, scale: 2.0, dropout: 0.0, bias: false, transposed: false, x_grad: true, prior: false, base_grad: false, seed }
+        Self { batch, m, d_in, d_out, rank, scale: 2.0, dropout: 0.0, bias: false, transposed: false, x_grad: true, prior: false, base_grad: false, packed: None, seed }
     }
 }
 
@@ -125,10 +129,22 @@ impl Case for LoraLinearCase {
         let x = tensor::<B, 3>(&random(&[b, m, d_in], s), dtype, device);
         let x = if self.x_grad { x.require_grad() } else { x };
         // `N(0, 1 / d_in)`, scaled on the host: a scalar op would make the stored tensor dense.
-        let stored = if self.transposed { [d_out, d_in] } else { [d_in, d_out] };
+        let stored = if self.transposed || self.packed.is_some() { [d_out, d_in] } else { [d_in, d_out] };
         let values_w: Vec<f64> = random(&stored, s + 1).to_vec::<f64>().unwrap().iter().map(|v| v / (d_in as f64).sqrt()).collect();
-        let w = tensor::<B, 2>(&TensorData::new(values_w, stored), dtype, device);
-        let w = track(if self.transposed { w.transpose() } else { w }, self.base_grad);
+        // A 4-bit weight is quantized once on the host, so every run (and the f64 oracle) holds the
+        // same codes; the reference multiplies it dequantized in the run's dtype.
+        let packed = self.packed.map(|kind| {
+            let values: Vec<f32> = values_w.iter().map(|&v| v as f32).collect();
+            let packed = Packed4::quantize(&values, &stored, kind, 64, kind == QuantType::Nf4).unwrap();
+            Quantized4::<B>::from_host(&packed, device).unwrap()
+        });
+        let w = match &packed {
+            Some(packed) => packed.dequantize(dtype).transpose(),
+            None => {
+                let w = tensor::<B, 2>(&TensorData::new(values_w, stored), dtype, device);
+                track(if self.transposed { w.transpose() } else { w }, self.base_grad)
+            }
+        };
         let bias = self.bias.then(|| {
             let bias = tensor::<B, 1>(&random(&[d_out], s + 2), dtype, device);
             if self.base_grad { bias.require_grad() } else { bias }
@@ -138,7 +154,10 @@ impl Case for LoraLinearCase {
         let mask = (self.dropout > 0.0).then(|| DropoutMask::new(self.dropout, s));
         let y = if kernel {
             let spec = ops::lora::LoraSpec { scale: self.scale, dropout: mask };
-            ops::lora::lora_linear(x.clone(), w.clone(), bias.clone(), a.clone(), bw.clone(), spec)
+            match &packed {
+                Some(packed) => ops::lora::lora_linear_4bit(x.clone(), packed, bias.clone(), a.clone(), bw.clone(), spec),
+                None => ops::lora::lora_linear(x.clone(), w.clone(), bias.clone(), a.clone(), bw.clone(), spec),
+            }
         } else {
             let dropped = match mask {
                 Some(mask) => dropped(x.clone(), mask),
@@ -159,7 +178,9 @@ impl Case for LoraLinearCase {
             outputs.push(("dx", grad(&x, &grads)));
         }
         if self.base_grad {
-            outputs.push(("dw", grad(&w, &grads)));
+            if packed.is_none() {
+                outputs.push(("dw", grad(&w, &grads)));
+            }
             if let Some(bias) = &bias {
                 outputs.push(("dbias", grad(bias, &grads)));
             }

@@ -2,16 +2,18 @@
 //! dropout as one elementwise kernel, and on CUDA the backward's pair of products that read `dy`
 //! as one kernel (`kiln_kernels::lora::dy`) and, with a dropout, its `dx = dropout(dh · A) +
 //! prior` as one pass (`kiln_kernels::lora::expand`); on Hopper a float base's layer runs its
-//! product and the update as one GEMM (`kiln_kernels::lora::linear`), forward and input gradient.
+//! product and the update as one GEMM (`kiln_kernels::lora::linear`), forward and input gradient,
+//! and so does a 4-bit base's wherever its product would dequantize the weight anyway.
 
-use burn::tensor::{Shape, TensorMetadata, ops::FloatTensor};
+use burn::tensor::{Shape, TensorMetadata, ops::{FloatTensor, FloatTensorOps}};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use kiln_kernels::{lora::launch_dropout, row::vector_size_for};
 
 use super::products::{self, Kernels};
 use super::{DropoutMask, ExpandSpec, LoraBackend, LoraLinearGrads, LoraSpec};
-use crate::ops::matmul::MatmulBackend;
 use crate::backend::cube::{dense, empty_like_device, storage};
+use crate::ops::matmul::MatmulBackend;
+use crate::ops::nf4::{Nf4Backend, Quantized4Primitive, reads_packed};
 
 impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> LoraBackend for CubeBackend<R, F, I, BT> {
     fn lora_dropout(x: FloatTensor<Self>, mask: DropoutMask) -> FloatTensor<Self> {
@@ -55,6 +57,24 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> LoraBacken
             return (y, hs);
         }
         products::linear_forward(&Kernels::<Self>::backend(), x, w, bias, a, b, spec)
+    }
+
+    fn lora_linear_4bit_forward(
+        x: FloatTensor<Self>,
+        w: Quantized4Primitive<Self>,
+        bias: Option<FloatTensor<Self>>,
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        spec: LoraSpec,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        // Where the 4-bit product would go through a dequantized temporary anyway, the float
+        // layer's products read it instead: on Hopper one GEMM with the update in it.
+        let rows = x.shape().num_elements() / w.layout.k.max(1);
+        if !reads_packed(&x, rows, w.layout) {
+            let dense = Self::float_transpose(Self::dequantize_4bit(w, x.dtype));
+            return Self::lora_linear_forward(x, dense, bias, a, b, spec);
+        }
+        products::linear_4bit_forward(&Kernels::<Self>::backend(), x, w, bias, a, b, spec)
     }
 
     fn lora_linear_backward(

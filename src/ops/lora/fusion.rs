@@ -1,12 +1,14 @@
 //! LoRA as custom operations of Burn's fusion stream: the forward (both products) and the
 //! backward (four products, two dropouts) are one recorded operation each, and so are a float
-//! base's LoRA layer's forward and backward ([`LoraBackend::lora_linear_forward`]).
+//! base's LoRA layer's forward and backward ([`LoraBackend::lora_linear_forward`]) and a 4-bit
+//! base's forward (its backward is the default's dequantization and the float layer's backward).
 
 use burn::tensor::ops::FloatTensor;
 use burn_fusion::{Fusion, FusionBackend};
 
 use super::{DropoutMask, LoraBackend, LoraGrads, LoraLinearGrads, LoraSpec};
-use crate::backend::fusion::{FusedOp, register};
+use crate::backend::fusion::{FusedMixedOp, FusedOp, Operand, register, register_mixed};
+use crate::ops::nf4::{self, Layout4, Quantized4Primitive, fusion::Mixed};
 
 #[derive(Clone, Debug)]
 struct Dropout(DropoutMask);
@@ -72,6 +74,28 @@ impl<B: FusionBackend + LoraBackend> FusedOp<B> for LinearBackward {
     }
 }
 
+/// The inputs are `x, a, b`, the bias where there is one, then the 4-bit weight's parts
+/// ([`nf4::fusion::operands`]).
+#[derive(Clone, Debug)]
+struct Linear4bitForward {
+    spec: LoraSpec,
+    layout: Layout4,
+    nested: bool,
+    bias: bool,
+}
+
+impl<B: FusionBackend + LoraBackend> FusedMixedOp<B> for Linear4bitForward {
+    fn run(&self, inputs: Vec<Mixed<B>>) -> Vec<Mixed<B>> {
+        const OP: &str = "lora_linear_4bit";
+        let mut inputs = inputs.into_iter();
+        let [x, a, b] = [(); 3].map(|_| Operand::float(inputs.next(), OP));
+        let bias = self.bias.then(|| Operand::float(inputs.next(), OP));
+        let w = nf4::fusion::assemble::<B>(&mut inputs, self.layout, self.nested);
+        let (y, hs) = B::lora_linear_4bit_forward(x, w, bias, a, b, self.spec);
+        vec![Operand::Float(y), Operand::Float(hs)]
+    }
+}
+
 impl<B: FusionBackend + LoraBackend> LoraBackend for Fusion<B> {
     fn lora_dropout(x: FloatTensor<Self>, mask: DropoutMask) -> FloatTensor<Self> {
         let out = (x.shape.clone(), x.dtype);
@@ -119,6 +143,23 @@ impl<B: FusionBackend + LoraBackend> LoraBackend for Fusion<B> {
         let outputs = vec![(out, x.dtype), ([rows, a.shape[0]].into(), x.dtype)];
         let inputs = [x, w, a, b].into_iter().chain(bias).collect();
         let [y, hs]: [_; 2] = register::<B, _>("kiln_lora_linear_forward", inputs, outputs, LinearForward(spec)).try_into().unwrap();
+        (y, hs)
+    }
+
+    fn lora_linear_4bit_forward(
+        x: FloatTensor<Self>,
+        w: Quantized4Primitive<Self>,
+        bias: Option<FloatTensor<Self>>,
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        spec: LoraSpec,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (layout, nested) = (w.layout, w.nested());
+        let rows = x.shape.num_elements() / layout.k.max(1);
+        let outputs = vec![(super::products::with_last(x.shape.clone(), layout.n), x.dtype), ([rows, a.shape[0]].into(), x.dtype)];
+        let op = Linear4bitForward { spec, layout, nested, bias: bias.is_some() };
+        let inputs = [x, a, b].into_iter().chain(bias).chain(nf4::fusion::operands(w)).collect();
+        let [y, hs]: [_; 2] = register_mixed::<B, _>("kiln_lora_linear_4bit_forward", inputs, outputs, op).try_into().unwrap();
         (y, hs)
     }
 

@@ -18,6 +18,13 @@
 //! Hopper the forward's `y` and (without a dropout) the input gradient `dy · Wᵀ + dh · A + prior`
 //! are one kernel each (`kiln_kernels::lora::linear`), the update one more block of the base's reduction
 //! instead of a second pass over the `[rows, out]` output.
+//!
+//! Over a frozen 4-bit base (QLoRA), [`lora_linear_4bit`] is the same layer with `W` in
+//! bitsandbytes' NF4/FP4 format. Where the backend multiplies the packed weight directly (a GEMV
+//! for a few rows; on Hopper a GEMM up to 1024 rows) the base's product stays that and the update
+//! is added to it; otherwise the weight is dequantized into a temporary that the float layer's
+//! products read, forward and for `dx`, and that is freed after each: the node keeps the packed
+//! weight, never the float one.
 
 mod backward;
 mod cube;
@@ -27,10 +34,11 @@ pub mod reference;
 
 pub use kiln_kernels::lora::DropoutMask;
 
-use burn::tensor::{Shape, Tensor, ops::FloatTensor};
+use burn::tensor::{DType, Shape, Tensor, TensorMetadata, ops::FloatTensor};
 
 use super::dora::DoraBackend;
 use super::matmul::MatmulBackend;
+use super::nf4::{Nf4Backend, Quantized4, Quantized4Primitive};
 use super::{prim, wrap};
 use crate::error::{ensure, ensure_float, ensure_same_dtype};
 
@@ -76,7 +84,7 @@ pub struct LoraLinearGrads<T> {
 /// default methods run the products through the backend's [`MatmulBackend::gemm`] and the dropout
 /// through [`LoraBackend::lora_dropout`], whose default is the reference (a mask built on the
 /// host).
-pub trait LoraBackend: MatmulBackend + DoraBackend {
+pub trait LoraBackend: MatmulBackend + DoraBackend + Nf4Backend {
     /// `x` with the elements `mask` drops zeroed and the others scaled by `1 / (1 − p)`.
     fn lora_dropout(x: FloatTensor<Self>, mask: DropoutMask) -> FloatTensor<Self> {
         reference::dropout::<Self>(x, mask)
@@ -153,6 +161,46 @@ pub trait LoraBackend: MatmulBackend + DoraBackend {
     ) -> LoraLinearGrads<FloatTensor<Self>> {
         products::linear_backward(&products::Kernels::<Self>::backend(), x, hs, w, a, b, dy, spec, prior, want_dx)
     }
+
+    /// `(y, hs)` of a LoRA layer over a frozen 4-bit base: `y = x · Wᵀ + bias + hs · Bᵀ` (`W` the
+    /// `[out, in]` 4-bit weight) and `hs = s · dropout(x) · Aᵀ`, kept for the backward. The
+    /// default adds the update to the backend's own 4-bit product
+    /// ([`Nf4Backend::matmul_4bit`]); a backend whose product would dequantize anyway dequantizes
+    /// here instead and takes [`LoraBackend::lora_linear_forward`].
+    fn lora_linear_4bit_forward(
+        x: FloatTensor<Self>,
+        w: Quantized4Primitive<Self>,
+        bias: Option<FloatTensor<Self>>,
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        spec: LoraSpec,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        products::linear_4bit_forward(&products::Kernels::<Self>::backend(), x, w, bias, a, b, spec)
+    }
+
+    /// The gradients of [`LoraBackend::lora_linear_4bit_forward`]: `dx = dy · W + dropout(s · dy
+    /// · B · A) + prior` (when `want_dx`), `dA` and `dB`. The default dequantizes the weight in
+    /// `dy`'s dtype for `dx` alone (as [`Nf4Backend::matmul_4bit_input_grad`] does) and takes
+    /// [`LoraBackend::lora_linear_backward`] on its transposed view.
+    #[allow(clippy::too_many_arguments)]
+    fn lora_linear_4bit_backward(
+        x: FloatTensor<Self>,
+        hs: FloatTensor<Self>,
+        w: Quantized4Primitive<Self>,
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        spec: LoraSpec,
+        prior: Option<FloatTensor<Self>>,
+        want_dx: bool,
+    ) -> LoraLinearGrads<FloatTensor<Self>> {
+        if !want_dx {
+            let [_, da, db] = products::rank_grads(&products::Kernels::<Self>::backend(), x, hs, b, dy, &spec, 1.0);
+            return LoraLinearGrads { x: None, a: da, b: db };
+        }
+        let dense = Self::float_transpose(Self::dequantize_4bit(w, dy.dtype()));
+        Self::lora_linear_backward(x, hs, dense, a, b, dy, spec, prior, true)
+    }
 }
 
 crate::backend::reference_backends!(LoraBackend);
@@ -184,19 +232,59 @@ pub fn lora_linear<B: LoraBackend, const D: usize>(
     b: Tensor<B, 2>,
     spec: LoraSpec,
 ) -> Tensor<B, D> {
-    const OP: &str = "lora_linear";
-    let (xs, ws) = (x.shape(), weight.shape());
-    ensure(D >= 1 && xs[D - 1] == ws[0], OP, || format!("x {:?} must end in d_input of weight {:?} ([d_input, d_output])", xs.as_slice(), ws.as_slice()));
-    let out = products::with_last(xs.clone(), ws[1]);
-    check(OP, &xs, &out, &a.shape(), &b.shape());
-    ensure_float(OP, "x", x.dtype());
-    let mut dtypes = vec![("x", x.dtype()), ("weight", weight.dtype()), ("a", a.dtype()), ("b", b.dtype())];
-    if let Some(bias) = &bias {
-        ensure(bias.shape().as_slice() == [ws[1]], OP, || format!("bias {:?} must be [d_output] = [{}]", bias.shape().as_slice(), ws[1]));
-        dtypes.push(("bias", bias.dtype()));
-    }
-    ensure_same_dtype(OP, &dtypes);
+    let ws = weight.shape();
+    let layer = Layer { op: "lora_linear", d_in: ws[0], d_out: ws[1], weight: || format!("weight {:?} ([d_input, d_output])", ws.as_slice()) };
+    layer.check(&x, bias.as_ref(), &a, &b, Some(weight.dtype()));
     wrap(B::lora_linear_forward(prim(x), prim(weight), bias.map(prim), prim(a), prim(b), spec).0)
+}
+
+/// `x · Wᵀ + bias + s · dropout(x) · Aᵀ · Bᵀ` over the last axis for a frozen 4-bit weight `W`
+/// (QLoRA's layer as one operation): `weight` is `[out, in]` in bitsandbytes' layout, `bias`
+/// `[out]` in `x`'s dtype, `a` `[r, in]` and `b` `[out, r]`. The weight takes no gradient; `x`,
+/// `A`, `B` and the bias do where they are tracked.
+///
+/// # Panics
+/// If the shapes do not fit as above, or the dtypes differ or are not float.
+pub fn lora_linear_4bit<B: LoraBackend, const D: usize>(
+    x: Tensor<B, D>,
+    weight: &Quantized4<B>,
+    bias: Option<Tensor<B, 1>>,
+    a: Tensor<B, 2>,
+    b: Tensor<B, 2>,
+    spec: LoraSpec,
+) -> Tensor<B, D> {
+    let l = weight.layout;
+    let layer = Layer { op: "lora_linear_4bit", d_in: l.k, d_out: l.n, weight: || format!("the 4-bit weight [{}, {}] ([d_output, d_input])", l.n, l.k) };
+    layer.check(&x, bias.as_ref(), &a, &b, None);
+    wrap(B::lora_linear_4bit_forward(prim(x), weight.primitive(), bias.map(prim), prim(a), prim(b), spec).0)
+}
+
+/// A LoRA layer's base as its public ops check it: the op's name, the widths, and how an error
+/// names the weight.
+struct Layer<W: Fn() -> String> {
+    op: &'static str,
+    d_in: usize,
+    d_out: usize,
+    weight: W,
+}
+
+impl<W: Fn() -> String> Layer<W> {
+    /// `x` `[.., d_in]`, `bias` `[d_out]`, `a` `[r, d_in]`, `b` `[d_out, r]`, all of one float
+    /// dtype (with the float weight's, where it has one).
+    fn check<B: LoraBackend, const D: usize>(&self, x: &Tensor<B, D>, bias: Option<&Tensor<B, 1>>, a: &Tensor<B, 2>, b: &Tensor<B, 2>, weight_dtype: Option<DType>) {
+        let (op, xs) = (self.op, x.shape());
+        ensure(D >= 1 && xs[D - 1] == self.d_in, op, || format!("x {:?} must end in d_input of {}", xs.as_slice(), (self.weight)()));
+        let out = products::with_last(xs.clone(), self.d_out);
+        check(op, &xs, &out, &a.shape(), &b.shape());
+        ensure_float(op, "x", x.dtype());
+        let mut dtypes = vec![("x", x.dtype()), ("a", a.dtype()), ("b", b.dtype())];
+        dtypes.extend(weight_dtype.map(|d| ("weight", d)));
+        if let Some(bias) = bias {
+            ensure(bias.shape().as_slice() == [self.d_out], op, || format!("bias {:?} must be [d_output] = [{}]", bias.shape().as_slice(), self.d_out));
+            dtypes.push(("bias", bias.dtype()));
+        }
+        ensure_same_dtype(op, &dtypes);
+    }
 }
 
 /// `x` under LoRA's dropout `mask` (the same elements [`lora`] drops with it).

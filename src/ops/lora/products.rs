@@ -5,6 +5,7 @@ use burn::tensor::{Shape, TensorMetadata, backend::Backend, ops::FloatTensor};
 
 use super::{DropoutMask, ExpandSpec, LoraBackend, LoraGrads, LoraLinearGrads, LoraSpec};
 use crate::ops::matmul::{GemmLayout, GemmViews};
+use crate::ops::nf4::Quantized4Primitive;
 
 /// A product `lhs · rhs` with an optional bias and residual, as [`crate::ops::matmul::MatmulBackend::gemm`].
 pub(super) type Gemm<B> = fn(FloatTensor<B>, FloatTensor<B>, Option<FloatTensor<B>>, Option<FloatTensor<B>>, GemmViews) -> FloatTensor<B>;
@@ -116,9 +117,45 @@ pub(super) fn linear_forward<B: Backend>(
 ) -> (FloatTensor<B>, FloatTensor<B>) {
     let [rows, d_in, _, d_out] = dims::<B>(&x, &a, &b);
     let out = with_last(x.shape(), d_out);
+    layer_forward(k, x, a, b, spec, |x| (k.gemm)(x, w, bias, None, views([1, rows, d_in], [1, d_in, d_out], out, false, false)))
+}
+
+/// [`linear_forward`] over a 4-bit `[out, in]` weight: the base's product by the backend's
+/// [`Nf4Backend::matmul_4bit`](crate::ops::nf4::Nf4Backend::matmul_4bit), then its bias.
+pub(super) fn linear_4bit_forward<B: LoraBackend>(
+    k: &Kernels<B>,
+    x: FloatTensor<B>,
+    w: Quantized4Primitive<B>,
+    bias: Option<FloatTensor<B>>,
+    a: FloatTensor<B>,
+    b: FloatTensor<B>,
+    spec: LoraSpec,
+) -> (FloatTensor<B>, FloatTensor<B>) {
+    let [rows, d_in, _, d_out] = dims::<B>(&x, &a, &b);
+    let out = with_last(x.shape(), d_out);
+    layer_forward(k, x, a, b, spec, |x| {
+        let y = B::matmul_4bit(B::float_reshape(x, Shape::new([rows, d_in])), w);
+        let y = match bias {
+            Some(bias) => B::float_add(y, B::float_reshape(bias, Shape::new([1, d_out]))),
+            None => y,
+        };
+        B::float_reshape(y, out)
+    })
+}
+
+/// `(base(x) + hs · Bᵀ, hs)`: the update's scaled factor, then its product with the base's
+/// output (in the layer's output shape, its bias added) as the residual.
+fn layer_forward<B: Backend>(
+    k: &Kernels<B>,
+    x: FloatTensor<B>,
+    a: FloatTensor<B>,
+    b: FloatTensor<B>,
+    spec: LoraSpec,
+    base: impl FnOnce(FloatTensor<B>) -> FloatTensor<B>,
+) -> (FloatTensor<B>, FloatTensor<B>) {
+    let out = with_last(x.shape(), b.shape()[0]);
     let hs = scaled_factor(k, x.clone(), a, &spec);
-    let base = (k.gemm)(x, w, bias, None, views([1, rows, d_in], [1, d_in, d_out], out.clone(), false, false));
-    let y = (k.expand)(hs.clone(), b, Some(base), ExpandSpec { rhs_transposed: true, scale: 1.0, dropout: None }, out);
+    let y = (k.expand)(hs.clone(), b, Some(base(x)), ExpandSpec { rhs_transposed: true, scale: 1.0, dropout: None }, out);
     (y, hs)
 }
 

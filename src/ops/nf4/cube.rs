@@ -57,11 +57,11 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> Nf4Backend
     fn matmul_4bit(x: FloatTensor<Self>, weight: Quantized4Primitive<Self>) -> FloatTensor<Self> {
         let (m, k, l) = (x.shape()[0], x.shape()[1], weight.layout);
         #[cfg(feature = "cuda")]
-        if let Some(kind) = mma::takes(&x, weight.layout) {
+        if let Some(kind) = mma::takes(&x, m, weight.layout) {
             return mma::product(kind, dense(x), &dense_parts::<R, F, I, BT>(weight), mma::launch_gemv_mma);
         }
         #[cfg(feature = "cuda")]
-        if let Some(kind) = mma::takes_gemm(&x, weight.layout) {
+        if let Some(kind) = mma::takes_gemm(&x, m, weight.layout) {
             return mma::product(kind, dense(x), &dense_parts::<R, F, I, BT>(weight), mma::launch_gemm);
         }
         if !gemv_fits(m, k) {
@@ -94,6 +94,17 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> Nf4Backend
         let views = GemmViews::new(Shape::new([1, m, l.n]), Shape::new([1, l.n, l.k]), Shape::new([m, l.k]), GemmLayout::default());
         Self::gemm(dy, w, None, None, views)
     }
+}
+
+/// Whether [`Nf4Backend::matmul_4bit`] multiplies `rows` rows of `x` (`[.., k]`) by the packed
+/// weight itself (a GEMV, or on Hopper the GEMM that makes the weight's operand in registers)
+/// rather than through a dequantized temporary and kiln's GEMM.
+pub(crate) fn reads_packed<R: CubeRuntime>(x: &CubeTensor<R>, rows: usize, l: Layout4) -> bool {
+    #[cfg(feature = "cuda")]
+    if mma::takes(x, rows, l).is_some() || mma::takes_gemm(x, rows, l).is_some() {
+        return true;
+    }
+    gemv_fits(rows, l.k)
 }
 
 /// Every part dense, the words (and nested codes) in a 32-bit int dtype, which the kernels read
@@ -148,25 +159,25 @@ mod mma {
     use crate::backend::cube::cuda::{self, binding};
     use crate::backend::cube::empty_like_device;
 
-    /// The element kind, if the kernel takes `x · Wᵀ`: `x` f16 or bf16 on a CUDA device of
+    /// The element kind, if the kernel takes `x · Wᵀ` for `m` rows of `x`: `x` f16 or bf16 on a CUDA device of
     /// compute capability 8.0 or up (bf16 MMA), its buffer 16-byte aligned (making it dense keeps
     /// the offset or copies into a fresh, aligned buffer), a shape that [`mma_fits`], and the
     /// kernel [`enabled`].
-    pub(super) fn takes<R: CubeRuntime>(x: &CubeTensor<R>, l: Layout4) -> Option<FloatKind> {
+    pub(super) fn takes<R: CubeRuntime>(x: &CubeTensor<R>, m: usize, l: Layout4) -> Option<FloatKind> {
         let kind = cuda::float_kind(x.dtype)?;
         let aligned = x.handle.offset_start.unwrap_or(0).is_multiple_of(16);
-        (enabled() && aligned && mma_fits(kind, x.shape()[0], l.n, l.k, l.block) && cuda::client(x).is_some() && cuda::capable(x, (8, 0))).then_some(kind)
+        (enabled() && aligned && mma_fits(kind, m, l.n, l.k, l.block) && cuda::client(x).is_some() && cuda::capable(x, (8, 0))).then_some(kind)
     }
 
-    /// The element kind, if the warpgroup-MMA GEMM takes `x · Wᵀ`: `x` f16 or bf16 on a CUDA
+    /// The element kind, if the warpgroup-MMA GEMM takes `x · Wᵀ` for `m` rows of `x`: `x` f16 or bf16 on a CUDA
     /// device of compute capability 9.0, its buffer 16-byte aligned (its tensor map needs it), and
     /// a shape the kernel [`serves`].
-    pub(super) fn takes_gemm<R: CubeRuntime>(x: &CubeTensor<R>, l: Layout4) -> Option<FloatKind> {
+    pub(super) fn takes_gemm<R: CubeRuntime>(x: &CubeTensor<R>, m: usize, l: Layout4) -> Option<FloatKind> {
         let kind = cuda::float_kind(x.dtype)?;
         let aligned = x.handle.offset_start.unwrap_or(0).is_multiple_of(16);
         cuda::client(x)?;
         let hopper = cuda::compute_capability(cuda::device_index(x)?)? == (9, 0);
-        (aligned && hopper && serves(kind, x.shape()[0], l.n, l.k, l.block)).then_some(kind)
+        (aligned && hopper && serves(kind, m, l.n, l.k, l.block)).then_some(kind)
     }
 
     /// The kernels' bindings of a product of `x` with `weight` into `out`.

@@ -7,7 +7,7 @@ use burn_fusion::{Fusion, FusionBackend};
 use super::{Layout4, Nf4Backend, Parts4, QuantType, Quantized4Primitive, Scales};
 use crate::backend::fusion::{FusedMixedOp, Operand, register_mixed};
 
-type Mixed<B> = Operand<FloatTensor<B>, IntTensor<B>>;
+pub(crate) type Mixed<B> = Operand<FloatTensor<B>, IntTensor<B>>;
 
 /// The op family named in the panics of a wrong operand.
 const OP: &str = "nf4";
@@ -21,7 +21,7 @@ enum Op {
 }
 
 /// The weight's tensors: words, code book, then the scales.
-fn operands<T>(weight: Parts4<T, T>) -> Vec<T> {
+pub(crate) fn operands<T>(weight: Parts4<T, T>) -> Vec<T> {
     let mut out = vec![weight.words, weight.code];
     match weight.scales {
         Scales::Absmax(a) => out.push(a),
@@ -31,7 +31,7 @@ fn operands<T>(weight: Parts4<T, T>) -> Vec<T> {
 }
 
 /// The inverse of [`operands`] on the inner backend (struct fields evaluate in source order).
-fn assemble<B: FusionBackend>(inputs: &mut impl Iterator<Item = Mixed<B>>, layout: Layout4, nested: bool) -> Quantized4Primitive<B> {
+pub(crate) fn assemble<B: FusionBackend>(inputs: &mut impl Iterator<Item = Mixed<B>>, layout: Layout4, nested: bool) -> Quantized4Primitive<B> {
     let words = Operand::int(inputs.next(), OP);
     let code = Operand::float(inputs.next(), OP);
     let scales = if nested {

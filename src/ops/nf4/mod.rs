@@ -15,11 +15,12 @@ mod backward;
 pub mod bnb;
 mod cube;
 pub mod format;
-mod fusion;
+pub(crate) mod fusion;
 pub mod reference;
 
 pub use format::{Absmax, BLOCK_SIZES, FormatError, NESTED_BLOCK, Packed4, QuantType};
 pub use kiln_kernels::nf4::GEMV_MAX_ROWS;
+pub(crate) use cube::reads_packed;
 
 use burn::tensor::{
     DType, Int, Shape, Tensor, TensorData,
