@@ -183,7 +183,7 @@ pub fn bench_steps(device: &CudaDevice) {
 /// An [`Nf4Linear`] that shows its adapter only its forward (no packed weight): a QLoRA layer
 /// around it adds the update to the 4-bit product as composed ops (`lora`), the path before
 /// `lora_linear_4bit`, for the bench to alternate with that op.
-#[derive(burn::module::Module, Debug)]
+#[derive(burn::module::Module, Clone, Debug)]
 struct OwnForward<BK: burn::tensor::backend::Backend> {
     inner: Nf4Linear<BK>,
 }

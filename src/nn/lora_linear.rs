@@ -220,7 +220,7 @@ impl<B: LoraBackend, L: LinearLayer<B>> LoraLinear<B, L> {
         let (a, b, bias) = (adapter.lora_a.val(), adapter.lora_b.val(), self.base.bias());
         let spec = LoraSpec { scale: adapter.scale() as f32, dropout: None };
         match dropout {
-            None => dora(lora(x.clone(), self.base.forward(x), a, b, spec), magnitude, norm, bias),
+            None => dora(self.with_update(x, a, b, spec), magnitude, norm, bias),
             Some(mask) => {
                 let dropped = lora_dropout(x.clone(), mask);
                 let base_dropped = self.base.forward(dropped.clone());
@@ -240,7 +240,13 @@ impl<B: LoraBackend, L: LinearLayer<B>> LoraLinear<B, L> {
             return self.dora_forward(x, adapter, m.val(), dropout);
         }
         let spec = LoraSpec { scale: adapter.scale() as f32, dropout };
-        let (a, b) = (adapter.lora_a.val(), adapter.lora_b.val());
+        self.with_update(x, adapter.lora_a.val(), adapter.lora_b.val(), spec)
+    }
+
+    /// `base(x) + s · dropout(x) · Aᵀ · Bᵀ`: one op where the base shows its weight (float or
+    /// 4-bit), so that a backend may run the base's product and the update together; else the
+    /// base's forward and the update added to it.
+    fn with_update<const D: usize>(&self, x: Tensor<B, D>, a: Tensor<B, 2>, b: Tensor<B, 2>, spec: LoraSpec) -> Tensor<B, D> {
         if let Some(weight) = self.base.float_weight() {
             return lora_linear(x, weight, self.base.bias(), a, b, spec);
         }
