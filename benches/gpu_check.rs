@@ -693,6 +693,9 @@ fn main() {
     if mode == "dora-bench" || mode == "bench" || mode == "all" {
         dora::bench_steps(&device);
     }
+    if mode == "dora-rounds" {
+        dora::bench_rounds(&device);
+    }
     if mode == "lora-dy-parity" || mode == "all" {
         ok &= lora::dy_parity(&device);
     }

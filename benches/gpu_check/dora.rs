@@ -67,6 +67,29 @@ pub fn bench_steps(device: &CudaDevice) {
     }
 }
 
+/// DoRA and QDoRA steps (4096 tokens, rank 16) on the fused layer kernel and with
+/// `KILN_LORA_LINEAR=0`, alternated for three rounds, each next to its base's step.
+pub fn bench_rounds(device: &CudaDevice) {
+    for (d_in, d_out) in STEPS {
+        let x = bf16([TOKENS, d_in], 1.0, device).require_grad();
+        let dy = bf16([TOKENS, d_out], 1.0, device);
+        let linear = Linear { weight: Param::from_tensor(bf16([d_in, d_out], 0.02, device)), bias: None };
+        let nf4 = Nf4Linear::from_linear(&linear, QuantType::Nf4, 64, true);
+        let (base, dora) = (LoraLinear::frozen(linear.clone()), adapted(linear, true, 0.0, device));
+        let (qbase, qdora) = (LoraLinear::frozen(nf4.clone()), adapted(nf4, true, 0.0, device));
+        let ms = |t: f64| t * 1e3;
+        for round in 0..3 {
+            let [fused, composed] = ["1", "0"].map(|value| {
+                super::lora::with_fused_layer(value, || {
+                    let (b, d, qb, qd) = (step(&base, &x, &dy, device), step(&dora, &x, &dy, device), step(&qbase, &x, &dy, device), step(&qdora, &x, &dy, device));
+                    format!("base {:.3} ms, dora {:.3} ms ({:.3}x); nf4 base {:.3} ms, qdora {:.3} ms ({:.3}x)", ms(b), ms(d), d / b, ms(qb), ms(qd), qd / qb)
+                })
+            });
+            println!("bench dora step t{TOKENS} k{d_in} n{d_out} r{RANK} bf16 round {round}: fused layer {fused} | KILN_LORA_LINEAR=0 {composed}");
+        }
+    }
+}
+
 /// Where a DoRA step's time goes, at one shape: the forward alone (LoRA and DoRA layers), the
 /// factored norm alone, and the rescaling op alone (its forward, and its forward + backward of `u`
 /// and `m` net of the loss ops around it). Each call's results are dropped as it returns, so the

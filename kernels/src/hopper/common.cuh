@@ -1,6 +1,6 @@
 // Hopper building blocks shared by kiln's CUDA C++ kernels on warpgroup MMA (flash attention's
 // `wgmma/`, the ternary GEMM and input gradient): shared-memory addresses, 16-byte `cp.async`
-// copies, mbarriers for bulk copies, wgmma descriptors and synchronization, and the register
+// copies, mbarriers for bulk copies, 2-D tensor copies (TMA) onto them, wgmma descriptors and synchronization, and the register
 // fences that keep ptxas from moving values across an asynchronous MMA, and the sum of a k split
 // over a thread-block cluster (`gather_splits`, with `KILN_CLUSTER` for the kernel's declaration), the grouped tile order of the GEMMs
 // (`grouped_tile`) and the barriers of warp-specialized cubes (`role_sync`, `makers_finish`). kiln places this file
@@ -43,11 +43,11 @@ __device__ __forceinline__ void copy_commit() { asm volatile("cp.async.commit_gr
 template <int N>
 __device__ __forceinline__ void copy_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
-// mbarriers on which bulk copies (`cp.async.bulk`, TMA) land: initialised by one thread for one
-// arrival (the thread that issues the copies, announcing their bytes) before a cube barrier,
-// then waited on by phase parity.
-__device__ __forceinline__ void barrier_init(u32 bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+// mbarriers on which bulk copies (`cp.async.bulk`, TMA) land: initialised by one thread before a
+// cube barrier for `arrivals` arrivals a phase (by default one: the thread that issues the copies,
+// announcing their bytes), then waited on by phase parity.
+__device__ __forceinline__ void barrier_init(u32 bar, u32 arrivals = 1) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(arrivals) : "memory");
 }
 
 // Makes the barriers' initialisation visible to the async proxy that completes the copies.
@@ -58,11 +58,28 @@ __device__ __forceinline__ void barrier_expect(u32 bar, u32 bytes) {
     asm volatile("{ .reg .b64 s; mbarrier.arrive.expect_tx.shared::cta.b64 s, [%0], %1; }" ::"r"(bar), "r"(bytes) : "memory");
 }
 
+// A plain arrival (no bytes announced): a consumer releasing what the barrier guards.
+__device__ __forceinline__ void barrier_arrive(u32 bar) {
+    asm volatile("{ .reg .b64 s; mbarrier.arrive.shared::cta.b64 s, [%0]; }" ::"r"(bar) : "memory");
+}
+
 __device__ __forceinline__ void barrier_wait(u32 bar, u32 parity) {
     u32 done;
     do {
         asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
     } while (!done);
+}
+
+// A CUDA tensor map (`CUtensorMap`), opaque to the kernels; CubeCL encodes it at launch.
+struct __align__(64) TensorMap {
+    u64 opaque[16];
+};
+
+// One 2-D tensor copy (TMA): the map's box at element column `col`, row `row` into shared memory
+// at `dst`, its bytes completing on mbarrier `bar` (zeros where the box passes the tensor's end).
+__device__ __forceinline__ void tensor_copy(u32 dst, const TensorMap* map, u32 col, u32 row, u32 bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(dst), "l"(map), "r"(col),
+                 "r"(row), "r"(bar) : "memory");
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }

@@ -62,11 +62,6 @@
 #define KILN_SHARED_BYTES (STAGES * STAGE_BYTES + OUT_TILE + (2 * STAGES + 1) * 8 + 1024)
 #define UPDATE (KILN_UPDATE_STEPS > 0)
 
-// A CUDA tensor map (`CUtensorMap`), opaque to the kernel; CubeCL encodes it at launch.
-struct __align__(64) TensorMap {
-    u64 opaque[16];
-};
-
 struct LinearParams {
     u32 m;          // rows of x and out
     u32 n;          // output columns
@@ -88,15 +83,6 @@ __device__ __forceinline__ u32 full_at(u32 base, int s) { return base + STAGES *
 __device__ __forceinline__ u32 empty_at(u32 base, int s) { return base + STAGES * STAGE_BYTES + OUT_TILE + 8 * (STAGES + s); }
 // The mbarrier on which the residual's half tile lands.
 __device__ __forceinline__ u32 residual_at(u32 base) { return base + STAGES * STAGE_BYTES + OUT_TILE + 16 * STAGES; }
-
-__device__ __forceinline__ void tensor_copy(u32 dst, const TensorMap* map, u32 col, u32 row, u32 bar) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(dst), "l"(map), "r"(col),
-                 "r"(row), "r"(bar) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(u32 bar) {
-    asm volatile("{ .reg .b64 s; mbarrier.arrive.shared::cta.b64 s, [%0]; }" ::"r"(bar) : "memory");
-}
 
 // The maps of a tile's reduction blocks: block 0 is the update's where there is one.
 struct Maps {
@@ -238,7 +224,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kiln_lora_linear(
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             barrier_init(full_at(base, s));
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 2;" ::"r"(empty_at(base, s)) : "memory");
+            barrier_init(empty_at(base, s), 2);
         }
         barrier_init(residual_at(base));
         barrier_init_fence();

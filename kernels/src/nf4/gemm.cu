@@ -75,11 +75,6 @@
 // ring, the stages' mbarriers, and 1 KB to align the swizzled tiles.
 #define KILN_SHARED_BYTES (STAGES * X_TILE + VALS * TABLE_TILE + W_STAGES * W_STAGE_BYTES + STAGES * 8 + 1024)
 
-// A CUDA tensor map (`CUtensorMap`), opaque to the kernel; CubeCL encodes it at launch.
-struct __align__(64) TensorMap {
-    u64 opaque[16];
-};
-
 struct GemmParams {
     u32 m;      // activation rows
     u32 n;      // weight rows (output features)
@@ -123,8 +118,7 @@ struct Scales {
 __device__ __forceinline__ void load_x(u32 base, const TensorMap* x_map, u32 tok0, int kb0, int kb) {
     const u32 landed = landed_at(base, kb % STAGES);
     barrier_expect(landed, X_TILE);
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(stage_at(base, kb)),
-                 "l"(x_map), "r"((kb0 + kb) * BK), "r"(tok0), "r"(landed) : "memory");
+    tensor_copy(stage_at(base, kb), x_map, (kb0 + kb) * BK, tok0, landed);
 }
 
 // Stages copying thread `row`'s weight row of block `kb`: its 32 packed bytes and its scale parts

@@ -67,11 +67,6 @@
 // ring, the stages' mbarriers, and 1 KB to align the tiles.
 #define KILN_SHARED_BYTES (STAGES * DY_TILE + VALS_BYTES + W_STAGES * W_STAGE_BYTES + STAGES * 8 + 1024)
 
-// A CUDA tensor map (`CUtensorMap`), opaque to the kernel; CubeCL encodes it at launch.
-struct __align__(64) TensorMap {
-    u64 opaque[16];
-};
-
 struct GradParams {
     u32 m;          // gradient rows
     u32 n;          // weight rows (the reduction), a multiple of 8
@@ -120,8 +115,7 @@ __device__ __forceinline__ Copies copies_of(const unsigned char* w, const GradPa
 __device__ __forceinline__ void load_dy(u32 base, const TensorMap* dy_map, u32 tok0, int nb0, int i) {
     const u32 landed = landed_at(base, i % STAGES);
     barrier_expect(landed, DY_TILE);
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(stage_at(base, i)),
-                 "l"(dy_map), "r"((nb0 + i) * BN), "r"(tok0), "r"(landed) : "memory");
+    tensor_copy(stage_at(base, i), dy_map, (nb0 + i) * BN, tok0, landed);
 }
 
 // Stages making thread `t`'s part of the weight of the cube's block `i` (block `nb0 + i`): its 16
