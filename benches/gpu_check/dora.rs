@@ -11,7 +11,7 @@ use kiln::ops::nf4::QuantType;
 
 use super::common::adapters::{DoraCase, DoraLayerCase, DoraNormCase};
 use super::common::checks::prim;
-use super::lora::{Ad, RANK, STEPS, TOKENS, adapter, bf16, step};
+use super::lora::{Ad, rank, STEPS, tokens, adapter, bf16, step};
 
 pub fn op_cases() -> Vec<DoraCase> {
     let case = |batch, m, d_out, bias, seed| DoraCase { batch, m, d_out, bias, seed };
@@ -41,9 +41,10 @@ fn adapted<L: LinearLayer<Ad>>(base: L, dora: bool, dropout: f64, device: &CudaD
 /// DoRA steps (bf16 float base, rank 16; with dropout 0.1; on an NF4 base) next to the base alone
 /// and the LoRA step, 4096 tokens.
 pub fn bench_steps(device: &CudaDevice) {
+    let (tokens, rank) = (tokens(), rank());
     for (d_in, d_out) in STEPS {
-        let x = bf16([TOKENS, d_in], 1.0, device).require_grad();
-        let dy = bf16([TOKENS, d_out], 1.0, device);
+        let x = bf16([tokens, d_in], 1.0, device).require_grad();
+        let dy = bf16([tokens, d_out], 1.0, device);
         let linear = Linear { weight: Param::from_tensor(bf16([d_in, d_out], 0.02, device)), bias: None };
         let nf4 = Nf4Linear::from_linear(&linear, QuantType::Nf4, 64, true);
         let base = step(&LoraLinear::frozen(linear.clone()), &x, &dy, device);
@@ -54,7 +55,7 @@ pub fn bench_steps(device: &CudaDevice) {
         let qdora = step(&adapted(nf4, true, 0.0, device), &x, &dy, device);
         let ms = |t: f64| t * 1e3;
         println!(
-            "bench dora step t{TOKENS} k{d_in} n{d_out} r{RANK} bf16: kiln base {:.3} ms, lora {:.3} ms, dora {:.3} ms (+{:.3} over lora), dora+dropout0.1 {:.3} ms | nf4 base {:.3} ms, qdora {:.3} ms",
+            "bench dora step t{tokens} k{d_in} n{d_out} r{rank} bf16: kiln base {:.3} ms, lora {:.3} ms, dora {:.3} ms (+{:.3} over lora), dora+dropout0.1 {:.3} ms | nf4 base {:.3} ms, qdora {:.3} ms",
             ms(base),
             ms(lora),
             ms(dora),
@@ -70,9 +71,10 @@ pub fn bench_steps(device: &CudaDevice) {
 /// DoRA and QDoRA steps (4096 tokens, rank 16) on the fused layer kernel and with
 /// `KILN_LORA_LINEAR=0`, alternated for three rounds, each next to its base's step.
 pub fn bench_rounds(device: &CudaDevice) {
+    let (tokens, rank) = (tokens(), rank());
     for (d_in, d_out) in STEPS {
-        let x = bf16([TOKENS, d_in], 1.0, device).require_grad();
-        let dy = bf16([TOKENS, d_out], 1.0, device);
+        let x = bf16([tokens, d_in], 1.0, device).require_grad();
+        let dy = bf16([tokens, d_out], 1.0, device);
         let linear = Linear { weight: Param::from_tensor(bf16([d_in, d_out], 0.02, device)), bias: None };
         let nf4 = Nf4Linear::from_linear(&linear, QuantType::Nf4, 64, true);
         let (base, dora) = (LoraLinear::frozen(linear.clone()), adapted(linear, true, 0.0, device));
@@ -85,7 +87,7 @@ pub fn bench_rounds(device: &CudaDevice) {
                     format!("base {:.3} ms, dora {:.3} ms ({:.3}x); nf4 base {:.3} ms, qdora {:.3} ms ({:.3}x)", ms(b), ms(d), d / b, ms(qb), ms(qd), qd / qb)
                 })
             });
-            println!("bench dora step t{TOKENS} k{d_in} n{d_out} r{RANK} bf16 round {round}: fused layer {fused} | KILN_LORA_LINEAR=0 {composed}");
+            println!("bench dora step t{tokens} k{d_in} n{d_out} r{rank} bf16 round {round}: fused layer {fused} | KILN_LORA_LINEAR=0 {composed}");
         }
     }
 }
@@ -96,6 +98,7 @@ pub fn bench_rounds(device: &CudaDevice) {
 /// pool reuses their memory as a training loop does: holding a hundred `[4096, n]` gradients made
 /// the op look 1.3–1.7 ms slower than it is (pool growth; 21st and 28th sessions).
 fn parts(linear: &Linear<Ad>, x: &Tensor<Ad, 2>, dy: &Tensor<Ad, 2>, device: &CudaDevice) {
+    let tokens = tokens();
     let (d_in, d_out) = (linear.d_input(), linear.d_output());
     let time = |f: &dyn Fn()| super::time_adaptive(device, 0.3, 100, f);
     let (lora, dora) = (adapted(linear.clone(), false, 0.0, device), adapted(linear.clone(), true, 0.0, device));
@@ -111,7 +114,7 @@ fn parts(linear: &Linear<Ad>, x: &Tensor<Ad, 2>, dy: &Tensor<Ad, 2>, device: &Cu
         let a_w = prim(linear.forward(a.clone()).inner());
         drop(kiln::ops::dora::reference::norm::<super::B>(w_sq_i.clone(), a_w, a_i.clone(), b_i.clone(), adapter.scale()))
     });
-    let u = bf16([TOKENS, d_out], 1.0, device).require_grad();
+    let u = bf16([tokens, d_out], 1.0, device).require_grad();
     let m = Tensor::<Ad, 1>::random([d_out], Distribution::Uniform(0.5, 1.5), device).cast(DType::BF16).require_grad();
     let n = Tensor::<Ad, 1>::random([d_out], Distribution::Uniform(0.5, 1.5), device);
     let (ui, mi, ni) = (u.clone().inner(), m.clone().inner(), n.clone().inner());
@@ -123,7 +126,7 @@ fn parts(linear: &Linear<Ad>, x: &Tensor<Ad, 2>, dy: &Tensor<Ad, 2>, device: &Cu
     });
     let ms = |t: f64| t * 1e3;
     println!(
-        "bench dora parts t{TOKENS} k{d_in} n{d_out}: forward lora {:.3} ms, dora {:.3} ms; norm alone {:.3} ms (composed Burn ops {:.3} ms); rescale op fwd {:.3} ms, fwd+bwd {:.3} ms net of the loss ops ({:.3} ms)",
+        "bench dora parts t{tokens} k{d_in} n{d_out}: forward lora {:.3} ms, dora {:.3} ms; norm alone {:.3} ms (composed Burn ops {:.3} ms); rescale op fwd {:.3} ms, fwd+bwd {:.3} ms net of the loss ops ({:.3} ms)",
         ms(lora_fwd),
         ms(dora_fwd),
         ms(norm),

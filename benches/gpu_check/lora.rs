@@ -38,8 +38,20 @@ fn host_product(m: usize, n: usize, depth: usize, left: &dyn Fn(usize, usize) ->
 
 /// `(d_in, d_out)` of the Llama-7B projections the steps run at.
 pub(super) const STEPS: [(usize, usize); 2] = [(4096, 4096), (4096, 11008)];
-pub(super) const TOKENS: usize = 4096;
-pub(super) const RANK: usize = 16;
+/// Tokens a step's input holds: 4096, or `KILN_LORA_TOKENS` (as `peers/lora.py` reads
+/// `LORA_TOKENS`).
+pub(super) fn tokens() -> usize {
+    env_usize("KILN_LORA_TOKENS", 4096)
+}
+
+/// The adapters' rank: 16, or `KILN_LORA_RANK` (`peers/lora.py`: `LORA_RANK`).
+pub(super) fn rank() -> usize {
+    env_usize("KILN_LORA_RANK", 16)
+}
+
+fn env_usize(var: &str, default: usize) -> usize {
+    std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
 
 pub fn parity_cases() -> Vec<LoraCase> {
     let case = |batch, m, d_in, d_out, rank, dropout, seed| LoraCase { batch, m, d_in, d_out, rank, scale: 2.0, dropout, seed };
@@ -83,8 +95,9 @@ pub(super) fn bf16(shape: [usize; 2], std: f64, device: &CudaDevice) -> Tensor<A
 
 /// A bf16 adapter with random `A` and `B` (a trained adapter's work; `B = 0` changes no cost).
 pub(super) fn adapter(d_in: usize, d_out: usize, dropout: f64, device: &CudaDevice) -> LoraAdapter<Ad> {
-    let config = LoraConfig::new().with_rank(RANK).with_alpha(2.0 * RANK as f64).with_dropout(dropout);
-    LoraAdapter::new(bf16([RANK, d_in], 0.02, device), bf16([d_out, RANK], 0.02, device), &config)
+    let rank = rank();
+    let config = LoraConfig::new().with_rank(rank).with_alpha(2.0 * rank as f64).with_dropout(dropout);
+    LoraAdapter::new(bf16([rank, d_in], 0.02, device), bf16([d_out, rank], 0.02, device), &config)
 }
 
 /// One training step of `layer` on `x`: forward, backward from `dy` through `(y · dy).sum()`;
@@ -125,14 +138,16 @@ pub(super) fn with_fused_layer<T>(value: &str, f: impl FnOnce() -> T) -> T {
 }
 
 /// A LoRA layer's step (bf16 base `Linear`, rank 16, with and without dropout 0.1) and a QLoRA
-/// layer's (NF4 base), each next to its base alone, 4096 tokens; the loss ops' own time beside.
+/// layer's (NF4 base), each next to its base alone, 4096 tokens ([`rank`] and [`tokens`] read
+/// their variables); the loss ops' own time beside.
 /// Then the LoRA step alternated with and without the fused layer kernel (`KILN_LORA_LINEAR=0`),
 /// three rounds, each next to a base step of its own, and so two layers on one input
 /// ([`pair_step`]: the second's `dx` has a prior).
 pub fn bench_steps(device: &CudaDevice) {
+    let (tokens, rank) = (tokens(), rank());
     for (d_in, d_out) in STEPS {
-        let x = bf16([TOKENS, d_in], 1.0, device).require_grad();
-        let dy = bf16([TOKENS, d_out], 1.0, device);
+        let x = bf16([tokens, d_in], 1.0, device).require_grad();
+        let dy = bf16([tokens, d_out], 1.0, device);
         let weight = bf16([d_in, d_out], 0.02, device);
         let linear = Linear { weight: Param::from_tensor(weight), bias: None };
         let nf4 = Nf4Linear::from_linear(&linear, QuantType::Nf4, 64, true);
@@ -145,7 +160,7 @@ pub fn bench_steps(device: &CudaDevice) {
         let qlora = step(&LoraLinear::frozen(nf4).with_adapter(adapter(d_in, d_out, 0.0, device)), &x, &dy, device);
         let ms = |t: f64| t * 1e3;
         println!(
-            "bench lora step t{TOKENS} k{d_in} n{d_out} r{RANK} bf16: kiln base {:.3} ms, lora {:.3} ms (+{:.3}), lora+dropout0.1 {:.3} ms | nf4 base {:.3} ms, qlora {:.3} ms (+{:.3}) | loss ops {:.3} ms of each",
+            "bench lora step t{tokens} k{d_in} n{d_out} r{rank} bf16: kiln base {:.3} ms, lora {:.3} ms (+{:.3}), lora+dropout0.1 {:.3} ms | nf4 base {:.3} ms, qlora {:.3} ms (+{:.3}) | loss ops {:.3} ms of each",
             ms(base),
             ms(lora),
             ms(lora - base),
@@ -175,7 +190,7 @@ pub fn bench_steps(device: &CudaDevice) {
                     )
                 })
             });
-            println!("bench lora step t{TOKENS} k{d_in} n{d_out} r{RANK} bf16 round {round}: fused layer {fused} | composed {composed}");
+            println!("bench lora step t{tokens} k{d_in} n{d_out} r{rank} bf16 round {round}: fused layer {fused} | composed {composed}");
         }
     }
 }
@@ -210,14 +225,15 @@ impl<BK: kiln::ops::nf4::Nf4Backend> LinearLayer<BK> for OwnForward<BK> {
     }
 }
 
-/// A QLoRA layer's step (NF4 base, rank 16, 4096 tokens) as one op (`lora_linear_4bit`: on Hopper
+/// A QLoRA layer's step (NF4 base, [`rank`] 16, [`tokens`] 4096) as one op (`lora_linear_4bit`: on Hopper
 /// the dequantized weight into the fused layer kernel), with `KILN_LORA_LINEAR=0` (the same op on
 /// composed float products), and as the update added to the 4-bit product ([`OwnForward`]), each
 /// round next to its base's step, three rounds.
 pub fn bench_qlora_rounds(device: &CudaDevice) {
+    let (tokens, rank) = (tokens(), rank());
     for (d_in, d_out) in STEPS {
-        let x = bf16([TOKENS, d_in], 1.0, device).require_grad();
-        let dy = bf16([TOKENS, d_out], 1.0, device);
+        let x = bf16([tokens, d_in], 1.0, device).require_grad();
+        let dy = bf16([tokens, d_out], 1.0, device);
         let linear = Linear { weight: Param::from_tensor(bf16([d_in, d_out], 0.02, device)), bias: None };
         let nf4 = Nf4Linear::from_linear(&linear, QuantType::Nf4, 64, true);
         let base = LoraLinear::frozen(nf4.clone());
@@ -230,7 +246,7 @@ pub fn bench_qlora_rounds(device: &CudaDevice) {
             let unfused = with_fused_layer("0", || step(&layer, &x, &dy, device));
             let old = step(&composed, &x, &dy, device);
             println!(
-                "bench qlora step t{TOKENS} k{d_in} n{d_out} r{RANK} bf16 round {round}: nf4 base {:.3} ms | lora_linear_4bit {:.3} ms ({:.3}x) | the same, KILN_LORA_LINEAR=0 {:.3} ms ({:.3}x) | update on the 4-bit product {:.3} ms ({:.3}x)",
+                "bench qlora step t{tokens} k{d_in} n{d_out} r{rank} bf16 round {round}: nf4 base {:.3} ms | lora_linear_4bit {:.3} ms ({:.3}x) | the same, KILN_LORA_LINEAR=0 {:.3} ms ({:.3}x) | update on the 4-bit product {:.3} ms ({:.3}x)",
                 ms(b),
                 ms(fused),
                 fused / b,
@@ -246,7 +262,8 @@ pub fn bench_qlora_rounds(device: &CudaDevice) {
 /// `rounds` LoRA steps at 4096 → 4096 (4096 tokens, rank 16, bf16), each synchronized, after the
 /// base alone as many times: for a profiler or `cuda_trace.so` to split a step's time by kernel.
 pub fn step_trace(device: &CudaDevice, rounds: usize) {
-    let (x, dy) = (bf16([TOKENS, 4096], 1.0, device).require_grad(), bf16([TOKENS, 4096], 1.0, device));
+    let tokens = tokens();
+    let (x, dy) = (bf16([tokens, 4096], 1.0, device).require_grad(), bf16([tokens, 4096], 1.0, device));
     let linear = Linear { weight: Param::from_tensor(bf16([4096, 4096], 0.02, device)), bias: None };
     let base = LoraLinear::frozen(linear.clone());
     let lora = LoraLinear::frozen(linear).with_adapter(adapter(4096, 4096, 0.0, device));
@@ -260,7 +277,7 @@ pub fn step_trace(device: &CudaDevice, rounds: usize) {
             drop(train_step(layer, &x, &dy));
             super::sync_all(device);
         }
-        println!("bench lora trace {name} t{TOKENS} 4096 -> 4096: {:.3} ms a synchronized step over {rounds}", start.elapsed().as_secs_f64() * 1e3 / rounds as f64);
+        println!("bench lora trace {name} t{tokens} 4096 -> 4096: {:.3} ms a synchronized step over {rounds}", start.elapsed().as_secs_f64() * 1e3 / rounds as f64);
     }
 }
 

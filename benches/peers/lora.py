@@ -13,7 +13,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from gemm import seconds  # noqa: E402
 
 STEPS = [(4096, 4096), (4096, 11008)]
-TOKENS, RANK = 4096, 16
+# kiln's `KILN_LORA_TOKENS` / `KILN_LORA_RANK` are `LORA_TOKENS` / `LORA_RANK` here.
+TOKENS, RANK = int(os.environ.get("LORA_TOKENS", 4096)), int(os.environ.get("LORA_RANK", 16))
 bf = torch.bfloat16
 
 
