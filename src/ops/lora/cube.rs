@@ -5,7 +5,9 @@
 //! product and the update as one GEMM (`kiln_kernels::lora::linear`), forward and input gradient,
 //! and so does a 4-bit base's wherever its product would dequantize the weight anyway.
 
-use burn::tensor::{Shape, TensorMetadata, ops::{FloatTensor, FloatTensorOps}};
+#[cfg(feature = "cuda")]
+use burn::tensor::ops::FloatTensorOps;
+use burn::tensor::{Shape, TensorMetadata, ops::FloatTensor};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use kiln_kernels::{lora::launch_dropout, row::vector_size_for};
 
@@ -13,7 +15,9 @@ use super::products::{self, Kernels};
 use super::{DropoutMask, ExpandSpec, LoraBackend, LoraLinearGrads, LoraSpec};
 use crate::backend::cube::{dense, empty_like_device, storage};
 use crate::ops::matmul::MatmulBackend;
-use crate::ops::nf4::{Nf4Backend, Quantized4Primitive, reads_packed};
+#[cfg(feature = "cuda")]
+use crate::ops::nf4::Nf4Backend;
+use crate::ops::nf4::Quantized4Primitive;
 
 impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> LoraBackend for CubeBackend<R, F, I, BT> {
     fn lora_dropout(x: FloatTensor<Self>, mask: DropoutMask) -> FloatTensor<Self> {
@@ -67,14 +71,41 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> LoraBacken
         b: FloatTensor<Self>,
         spec: LoraSpec,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        // Where the 4-bit product would go through a dequantized temporary anyway, the float
-        // layer's products read it instead: on Hopper one GEMM with the update in it.
-        let rows = x.shape().num_elements() / w.layout.k.max(1);
-        if !reads_packed(&x, rows, w.layout) {
+        // Where the 4-bit product would go through a dequantized temporary anyway, the one-GEMM
+        // kernel reads that temporary, the update in the same product.
+        #[cfg(feature = "cuda")]
+        if let Some(fit) = fused::linear_4bit_takes(&x, w.layout, &b, bias.as_ref(), fused::Pass::Forward) {
             let dense = Self::float_transpose(Self::dequantize_4bit(w, x.dtype));
-            return Self::lora_linear_forward(x, dense, bias, a, b, spec);
+            let hs = products::scaled_factor(&Kernels::<Self>::backend(), x.clone(), a, &spec);
+            let y = fused::linear(fit, x, dense, hs.clone(), b, bias, None);
+            return (y, hs);
         }
         products::linear_4bit_forward(&Kernels::<Self>::backend(), x, w, bias, a, b, spec)
+    }
+
+    fn lora_linear_4bit_backward(
+        x: FloatTensor<Self>,
+        hs: FloatTensor<Self>,
+        w: Quantized4Primitive<Self>,
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        spec: LoraSpec,
+        prior: Option<FloatTensor<Self>>,
+        want_dx: bool,
+    ) -> LoraLinearGrads<FloatTensor<Self>> {
+        // The 4-bit input gradient dequantizes the weight whatever the rows: the one-GEMM kernel
+        // reads that temporary instead where it takes `dx` (no dropout, as over a float base).
+        #[cfg(feature = "cuda")]
+        if want_dx && spec.dropout.is_none() {
+            if let Some(fit) = fused::linear_4bit_takes(&dy, w.layout, &a, prior.as_ref(), fused::Pass::InputGrad) {
+                let [dh, da, db] = products::rank_grads(&Kernels::<Self>::backend(), x, hs, b, dy.clone(), &spec, 1.0);
+                let dense = Self::float_transpose(Self::dequantize_4bit(w, dy.dtype));
+                let dx = fused::linear(fit, dy, dense, dh, a, None, prior);
+                return LoraLinearGrads { x: Some(dx), a: da, b: db };
+            }
+        }
+        products::linear_4bit_backward(&Kernels::<Self>::backend(), x, hs, w, a, b, dy, spec, prior, want_dx)
     }
 
     fn lora_linear_backward(
@@ -113,6 +144,7 @@ mod fused {
     use kiln_kernels::lora::linear::{self as fused_linear, LinearArgs, Major, launch_linear};
 
     use super::ExpandSpec;
+    use crate::ops::nf4::{Layout4, reads_packed};
 
     use crate::backend::cube::cuda::{self, binding};
     use crate::backend::cube::{dense, empty_like_device};
@@ -202,6 +234,18 @@ mod fused {
         shape: [usize; 4],
     }
 
+    /// The launch, if the fused layer kernel takes `pass` over a 4-bit `layout` dequantized in
+    /// `lhs`'s dtype (a fresh `[out, in]` buffer, read as its transposed view), as
+    /// [`linear_takes`] says for a float weight; the forward only where the backend's 4-bit
+    /// product would dequantize too (not the GEMV's or the Hopper 4-bit GEMM's rows).
+    pub(super) fn linear_4bit_takes<R: CubeRuntime>(lhs: &CubeTensor<R>, layout: Layout4, right: &CubeTensor<R>, extra: Option<&CubeTensor<R>>, pass: Pass) -> Option<LinearFit> {
+        let rows = lhs.shape().num_elements() / lhs.shape()[lhs.shape().num_dims() - 1].max(1);
+        if pass == Pass::Forward && reads_packed(lhs, rows, layout) {
+            return None;
+        }
+        linear_fit(lhs, [layout.k, layout.n], false, right, extra, pass)
+    }
+
     /// Whether the base's `[in, out]` weight is stored as given (`[in, out]` row-major), else as
     /// a transposed view of a row-major `[out, in]` buffer; `None` for any other layout.
     fn stored_in_out<R: CubeRuntime>(w: &CubeTensor<R>) -> Option<bool> {
@@ -221,14 +265,22 @@ mod fused {
     /// of compute capability 9.0 (the kernel is `sm_90a`), `w` read in place (stored either way
     /// round, 16-byte aligned) and sizes the kernel [`fused_linear::serves`].
     pub(super) fn linear_takes<R: CubeRuntime>(lhs: &CubeTensor<R>, w: &CubeTensor<R>, right: &CubeTensor<R>, extra: Option<&CubeTensor<R>>, pass: Pass) -> Option<LinearFit> {
-        let kind = cuda::float_kind(lhs.dtype)?;
-        let same = [w, right].into_iter().chain(extra).all(|t| t.dtype == lhs.dtype);
-        if !same || cuda::compute_capability(cuda::device_index(lhs)?)? != (9, 0) || !w.handle.offset_start.unwrap_or(0).is_multiple_of(16) {
+        if w.dtype != lhs.dtype || !w.handle.offset_start.unwrap_or(0).is_multiple_of(16) {
             return None;
         }
-        let in_out = stored_in_out(w)?;
+        linear_fit(lhs, w.shape().dims(), stored_in_out(w)?, right, extra, pass)
+    }
+
+    /// [`linear_takes`] for a weight `[d_in, d_out]` in `lhs`'s dtype, 16-byte aligned, stored
+    /// `[in, out]` row-major (`in_out`) or as a transposed view of a row-major `[out, in]` buffer.
+    fn linear_fit<R: CubeRuntime>(lhs: &CubeTensor<R>, [d_in, d_out]: [usize; 2], in_out: bool, right: &CubeTensor<R>, extra: Option<&CubeTensor<R>>, pass: Pass) -> Option<LinearFit> {
+        let kind = cuda::float_kind(lhs.dtype)?;
+        let same = [right].into_iter().chain(extra).all(|t| t.dtype == lhs.dtype);
+        if !same || cuda::compute_capability(cuda::device_index(lhs)?)? != (9, 0) {
+            return None;
+        }
         let sms = cuda::client(lhs)?.properties().hardware.num_streaming_multiprocessors.unwrap_or(1) as usize;
-        let ([d_in, d_out], width) = (w.shape().dims(), lhs.shape()[lhs.shape().num_dims() - 1]);
+        let width = lhs.shape()[lhs.shape().num_dims() - 1];
         let r = if pass == Pass::Forward { right.shape()[1] } else { right.shape()[0] };
         let rows = lhs.shape().num_elements() / width.max(1);
         // The forward reads W `[k, n]` = `[in, out]`; the input gradient W `[n, k]` = `[in, out]`,

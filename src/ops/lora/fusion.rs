@@ -1,7 +1,7 @@
 //! LoRA as custom operations of Burn's fusion stream: the forward (both products) and the
 //! backward (four products, two dropouts) are one recorded operation each, and so are a float
-//! base's LoRA layer's forward and backward ([`LoraBackend::lora_linear_forward`]) and a 4-bit
-//! base's forward (its backward is the default's dequantization and the float layer's backward).
+//! base's LoRA layer's forward and backward ([`LoraBackend::lora_linear_forward`]), over a float
+//! or a 4-bit base.
 
 use burn::tensor::ops::FloatTensor;
 use burn_fusion::{Fusion, FusionBackend};
@@ -96,6 +96,29 @@ impl<B: FusionBackend + LoraBackend> FusedMixedOp<B> for Linear4bitForward {
     }
 }
 
+/// The inputs are `x, hs, a, b, dy`, the prior gradient of `x` where there is one, then the
+/// 4-bit weight's parts; the outputs `dA, dB`, then `dx` where it is asked for.
+#[derive(Clone, Debug)]
+struct Linear4bitBackward {
+    spec: LoraSpec,
+    layout: Layout4,
+    nested: bool,
+    prior: bool,
+    want_dx: bool,
+}
+
+impl<B: FusionBackend + LoraBackend> FusedMixedOp<B> for Linear4bitBackward {
+    fn run(&self, inputs: Vec<Mixed<B>>) -> Vec<Mixed<B>> {
+        const OP: &str = "lora_linear_4bit backward";
+        let mut inputs = inputs.into_iter();
+        let [x, hs, a, b, dy] = [(); 5].map(|_| Operand::float(inputs.next(), OP));
+        let prior = self.prior.then(|| Operand::float(inputs.next(), OP));
+        let w = nf4::fusion::assemble::<B>(&mut inputs, self.layout, self.nested);
+        let g = B::lora_linear_4bit_backward(x, hs, w, a, b, dy, self.spec, prior, self.want_dx);
+        [g.a, g.b].into_iter().chain(g.x).map(Operand::Float).collect()
+    }
+}
+
 impl<B: FusionBackend + LoraBackend> LoraBackend for Fusion<B> {
     fn lora_dropout(x: FloatTensor<Self>, mask: DropoutMask) -> FloatTensor<Self> {
         let out = (x.shape.clone(), x.dtype);
@@ -161,6 +184,29 @@ impl<B: FusionBackend + LoraBackend> LoraBackend for Fusion<B> {
         let inputs = [x, a, b].into_iter().chain(bias).chain(nf4::fusion::operands(w)).collect();
         let [y, hs]: [_; 2] = register_mixed::<B, _>("kiln_lora_linear_4bit_forward", inputs, outputs, op).try_into().unwrap();
         (y, hs)
+    }
+
+    fn lora_linear_4bit_backward(
+        x: FloatTensor<Self>,
+        hs: FloatTensor<Self>,
+        w: Quantized4Primitive<Self>,
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        spec: LoraSpec,
+        prior: Option<FloatTensor<Self>>,
+        want_dx: bool,
+    ) -> LoraLinearGrads<FloatTensor<Self>> {
+        let (layout, nested) = (w.layout, w.nested());
+        let mut outputs = vec![(a.shape.clone(), a.dtype), (b.shape.clone(), b.dtype)];
+        if want_dx {
+            outputs.push((x.shape.clone(), x.dtype));
+        }
+        let op = Linear4bitBackward { spec, layout, nested, prior: prior.is_some(), want_dx };
+        let inputs = [x, hs, a, b, dy].into_iter().chain(prior).chain(nf4::fusion::operands(w)).collect();
+        let mut grads = register_mixed::<B, _>("kiln_lora_linear_4bit_backward", inputs, outputs, op).into_iter();
+        let [a, b] = [(); 2].map(|_| grads.next().expect("dA and dB"));
+        LoraLinearGrads { x: grads.next(), a, b }
     }
 
     fn lora_linear_backward(

@@ -20,11 +20,10 @@
 //! instead of a second pass over the `[rows, out]` output.
 //!
 //! Over a frozen 4-bit base (QLoRA), [`lora_linear_4bit`] is the same layer with `W` in
-//! bitsandbytes' NF4/FP4 format. Where the backend multiplies the packed weight directly (a GEMV
-//! for a few rows; on Hopper a GEMM up to 1024 rows) the base's product stays that and the update
-//! is added to it; otherwise the weight is dequantized into a temporary that the float layer's
-//! products read, forward and for `dx`, and that is freed after each: the node keeps the packed
-//! weight, never the float one.
+//! bitsandbytes' NF4/FP4 format: the backend's 4-bit products with the update added to them, or
+//! on Hopper, where the 4-bit product would dequantize anyway (more than 1024 rows), the weight
+//! dequantized into a temporary that the one-GEMM kernel reads, forward and for `dx`, and that
+//! is freed after each. The node keeps the packed weight, never the float one.
 
 mod backward;
 mod cube;
@@ -34,7 +33,7 @@ pub mod reference;
 
 pub use kiln_kernels::lora::DropoutMask;
 
-use burn::tensor::{DType, Shape, Tensor, TensorMetadata, ops::FloatTensor};
+use burn::tensor::{DType, Shape, Tensor, ops::FloatTensor};
 
 use super::dora::DoraBackend;
 use super::matmul::MatmulBackend;
@@ -165,8 +164,9 @@ pub trait LoraBackend: MatmulBackend + DoraBackend + Nf4Backend {
     /// `(y, hs)` of a LoRA layer over a frozen 4-bit base: `y = x · Wᵀ + bias + hs · Bᵀ` (`W` the
     /// `[out, in]` 4-bit weight) and `hs = s · dropout(x) · Aᵀ`, kept for the backward. The
     /// default adds the update to the backend's own 4-bit product
-    /// ([`Nf4Backend::matmul_4bit`]); a backend whose product would dequantize anyway dequantizes
-    /// here instead and takes [`LoraBackend::lora_linear_forward`].
+    /// ([`Nf4Backend::matmul_4bit`]); a backend that runs the base's product and the update as
+    /// one GEMM dequantizes the weight for it instead, where its 4-bit product would dequantize
+    /// anyway.
     fn lora_linear_4bit_forward(
         x: FloatTensor<Self>,
         w: Quantized4Primitive<Self>,
@@ -179,9 +179,9 @@ pub trait LoraBackend: MatmulBackend + DoraBackend + Nf4Backend {
     }
 
     /// The gradients of [`LoraBackend::lora_linear_4bit_forward`]: `dx = dy · W + dropout(s · dy
-    /// · B · A) + prior` (when `want_dx`), `dA` and `dB`. The default dequantizes the weight in
-    /// `dy`'s dtype for `dx` alone (as [`Nf4Backend::matmul_4bit_input_grad`] does) and takes
-    /// [`LoraBackend::lora_linear_backward`] on its transposed view.
+    /// · B · A) + prior` (when `want_dx`), `dA` and `dB`. The default adds the update's share of
+    /// `dx` to the backend's [`Nf4Backend::matmul_4bit_input_grad`]; a backend that runs both in
+    /// one product dequantizes the weight for it instead.
     #[allow(clippy::too_many_arguments)]
     fn lora_linear_4bit_backward(
         x: FloatTensor<Self>,
@@ -194,12 +194,7 @@ pub trait LoraBackend: MatmulBackend + DoraBackend + Nf4Backend {
         prior: Option<FloatTensor<Self>>,
         want_dx: bool,
     ) -> LoraLinearGrads<FloatTensor<Self>> {
-        if !want_dx {
-            let [_, da, db] = products::rank_grads(&products::Kernels::<Self>::backend(), x, hs, b, dy, &spec, 1.0);
-            return LoraLinearGrads { x: None, a: da, b: db };
-        }
-        let dense = Self::float_transpose(Self::dequantize_4bit(w, dy.dtype()));
-        Self::lora_linear_backward(x, hs, dense, a, b, dy, spec, prior, true)
+        products::linear_4bit_backward(&products::Kernels::<Self>::backend(), x, hs, w, a, b, dy, spec, prior, want_dx)
     }
 }
 

@@ -251,11 +251,51 @@ pub(super) fn linear_backward<B: Backend>(
     want_dx: bool,
 ) -> LoraLinearGrads<FloatTensor<B>> {
     let [rows, d_in, _, d_out] = dims::<B>(&x, &a, &b);
+    let base_dx = |dy, update, x_shape| (k.gemm)(dy, w, None, Some(update), views([1, rows, d_out], [1, d_in, d_out], x_shape, false, true));
+    layer_backward(k, x, hs, a, b, dy, spec, prior, want_dx.then_some(base_dx))
+}
+
+/// [`linear_backward`] over a 4-bit `[out, in]` weight: the base's share of `dx` by the backend's
+/// [`Nf4Backend::matmul_4bit_input_grad`](crate::ops::nf4::Nf4Backend::matmul_4bit_input_grad),
+/// added to the update's.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn linear_4bit_backward<B: LoraBackend>(
+    k: &Kernels<B>,
+    x: FloatTensor<B>,
+    hs: FloatTensor<B>,
+    w: Quantized4Primitive<B>,
+    a: FloatTensor<B>,
+    b: FloatTensor<B>,
+    dy: FloatTensor<B>,
+    spec: LoraSpec,
+    prior: Option<FloatTensor<B>>,
+    want_dx: bool,
+) -> LoraLinearGrads<FloatTensor<B>> {
+    let [rows, _, _, d_out] = dims::<B>(&x, &a, &b);
+    let base_dx = |dy, update, x_shape| B::float_add(B::float_reshape(B::matmul_4bit_input_grad(B::float_reshape(dy, Shape::new([rows, d_out])), w), x_shape), update);
+    layer_backward(k, x, hs, a, b, dy, spec, prior, want_dx.then_some(base_dx))
+}
+
+/// [`rank_grads`] (with `hs`, the scaled factor), then, given `base_dx`, `dx` as the base's input
+/// gradient of `dy` with the update's share `dropout(dh · A) + prior` (its second argument) in it,
+/// in `x`'s shape (its third).
+#[allow(clippy::too_many_arguments)]
+fn layer_backward<B: Backend>(
+    k: &Kernels<B>,
+    x: FloatTensor<B>,
+    hs: FloatTensor<B>,
+    a: FloatTensor<B>,
+    b: FloatTensor<B>,
+    dy: FloatTensor<B>,
+    spec: LoraSpec,
+    prior: Option<FloatTensor<B>>,
+    base_dx: Option<impl FnOnce(FloatTensor<B>, FloatTensor<B>, Shape) -> FloatTensor<B>>,
+) -> LoraLinearGrads<FloatTensor<B>> {
     let x_shape = x.shape();
     let [dh, da, db] = rank_grads(k, x, hs, b, dy.clone(), &spec, 1.0);
-    let dx = want_dx.then(|| {
+    let dx = base_dx.map(|base_dx| {
         let update = (k.expand)(dh, a, prior, ExpandSpec { rhs_transposed: false, scale: 1.0, dropout: spec.dropout }, x_shape.clone());
-        (k.gemm)(dy, w, None, Some(update), views([1, rows, d_out], [1, d_in, d_out], x_shape, false, true))
+        base_dx(dy, update, x_shape)
     });
     LoraLinearGrads { x: dx, a: da, b: db }
 }

@@ -96,15 +96,12 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> Nf4Backend
     }
 }
 
-/// Whether [`Nf4Backend::matmul_4bit`] multiplies `rows` rows of `x` (`[.., k]`) by the packed
-/// weight itself (a GEMV, or on Hopper the GEMM that makes the weight's operand in registers)
-/// rather than through a dequantized temporary and kiln's GEMM.
+/// Whether [`Nf4Backend::matmul_4bit`] multiplies `rows` rows of `x` (`[.., k]`) on CUDA by the
+/// packed weight itself (a GEMV, or on Hopper the GEMM that makes the weight's operand in
+/// registers) rather than through a dequantized temporary and kiln's GEMM.
+#[cfg(feature = "cuda")]
 pub(crate) fn reads_packed<R: CubeRuntime>(x: &CubeTensor<R>, rows: usize, l: Layout4) -> bool {
-    #[cfg(feature = "cuda")]
-    if mma::takes(x, rows, l).is_some() || mma::takes_gemm(x, rows, l).is_some() {
-        return true;
-    }
-    gemv_fits(rows, l.k)
+    mma::takes(x, rows, l).is_some() || mma::takes_gemm(x, rows, l).is_some() || gemv_fits(rows, l.k)
 }
 
 /// Every part dense, the words (and nested codes) in a 32-bit int dtype, which the kernels read

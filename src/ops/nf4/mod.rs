@@ -20,6 +20,7 @@ pub mod reference;
 
 pub use format::{Absmax, BLOCK_SIZES, FormatError, NESTED_BLOCK, Packed4, QuantType};
 pub use kiln_kernels::nf4::GEMV_MAX_ROWS;
+#[cfg(feature = "cuda")]
 pub(crate) use cube::reads_packed;
 
 use burn::tensor::{
