@@ -3,10 +3,10 @@
 //! `dy` on to the base unchanged. A LoRA layer over a float base ([`super::lora_linear`]) is one
 //! node whose parents are `x`, `W`, the bias, `A`, `B`: its backward takes `dx` through the base
 //! and the update at once, and the base's own gradients only where they are tracked (a frozen
-//! base has none); over a 4-bit base ([`super::lora_linear_4bit`]) it keeps the packed weight,
-//! not a float copy, and the weight is no parent. A gradient of `x` another consumer registered before (q/k/v and
-//! gate/up projections share their input) becomes the `dx` product's residual instead of a
-//! separate add, as in `ops::matmul`'s backward. The stand-alone dropout is a node of its own
+//! base has none). Over a 4-bit base ([`super::lora_linear_4bit`]) the node keeps the packed
+//! weight, not a float copy, and the weight is no parent. A gradient of `x` another consumer
+//! registered before (q/k/v and gate/up projections share their input) becomes the `dx`
+//! product's residual instead of a separate add, as in `ops::matmul`'s backward. The stand-alone dropout is a node of its own
 //! whose backward is the same dropout (it is linear and its own adjoint), the mask rebuilt from
 //! the seed.
 

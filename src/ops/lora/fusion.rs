@@ -1,7 +1,7 @@
 //! LoRA as custom operations of Burn's fusion stream: the forward (both products) and the
-//! backward (four products, two dropouts) are one recorded operation each, and so are a float
-//! base's LoRA layer's forward and backward ([`LoraBackend::lora_linear_forward`]), over a float
-//! or a 4-bit base.
+//! backward (four products, two dropouts) are one recorded operation each, and so are a LoRA
+//! layer's forward and backward over a float or a 4-bit base ([`LoraBackend::lora_linear_forward`],
+//! [`LoraBackend::lora_linear_4bit_forward`]).
 
 use burn::tensor::ops::FloatTensor;
 use burn_fusion::{Fusion, FusionBackend};
