@@ -4,14 +4,12 @@
 //! same steps in `peers/dora.py` in the same call.
 
 use burn::backend::cuda::CudaDevice;
-use burn::module::Param;
 use burn::tensor::{DType, Distribution, Tensor};
-use kiln::nn::{Linear, LinearLayer, LoraLinear, Nf4Linear};
-use kiln::ops::nf4::QuantType;
+use kiln::nn::{Linear, LinearLayer, LoraLinear};
 
 use super::common::adapters::{DoraCase, DoraLayerCase, DoraNormCase};
 use super::common::checks::prim;
-use super::lora::{Ad, rank, STEPS, tokens, adapter, bf16, step};
+use super::lora::{Ad, STEPS, adapter, bf16, rank, step, step_inputs, tokens};
 
 pub fn op_cases() -> Vec<DoraCase> {
     let case = |batch, m, d_out, bias, seed| DoraCase { batch, m, d_out, bias, seed };
@@ -43,10 +41,7 @@ fn adapted<L: LinearLayer<Ad>>(base: L, dora: bool, dropout: f64, device: &CudaD
 pub fn bench_steps(device: &CudaDevice) {
     let (tokens, rank) = (tokens(), rank());
     for (d_in, d_out) in STEPS {
-        let x = bf16([tokens, d_in], 1.0, device).require_grad();
-        let dy = bf16([tokens, d_out], 1.0, device);
-        let linear = Linear { weight: Param::from_tensor(bf16([d_in, d_out], 0.02, device)), bias: None };
-        let nf4 = Nf4Linear::from_linear(&linear, QuantType::Nf4, 64, true);
+        let (x, dy, linear, nf4) = step_inputs(tokens, d_in, d_out, device);
         let base = step(&LoraLinear::frozen(linear.clone()), &x, &dy, device);
         let lora = step(&adapted(linear.clone(), false, 0.0, device), &x, &dy, device);
         let dora = step(&adapted(linear.clone(), true, 0.0, device), &x, &dy, device);
@@ -73,10 +68,7 @@ pub fn bench_steps(device: &CudaDevice) {
 pub fn bench_rounds(device: &CudaDevice) {
     let (tokens, rank) = (tokens(), rank());
     for (d_in, d_out) in STEPS {
-        let x = bf16([tokens, d_in], 1.0, device).require_grad();
-        let dy = bf16([tokens, d_out], 1.0, device);
-        let linear = Linear { weight: Param::from_tensor(bf16([d_in, d_out], 0.02, device)), bias: None };
-        let nf4 = Nf4Linear::from_linear(&linear, QuantType::Nf4, 64, true);
+        let (x, dy, linear, nf4) = step_inputs(tokens, d_in, d_out, device);
         let (base, dora) = (LoraLinear::frozen(linear.clone()), adapted(linear, true, 0.0, device));
         let (qbase, qdora) = (LoraLinear::frozen(nf4.clone()), adapted(nf4, true, 0.0, device));
         let ms = |t: f64| t * 1e3;

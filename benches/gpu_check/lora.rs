@@ -89,6 +89,15 @@ pub fn linear_parity_cases() -> Vec<LoraLinearCase> {
     ]
 }
 
+/// A step's inputs: `x` `[tokens, d_in]` (tracked), the output gradient `[tokens, d_out]`, a bf16
+/// base `Linear` `[d_in, d_out]` (N(0, 0.02²)) and its NF4 quantization (block 64, double
+/// quantization).
+pub(super) fn step_inputs(tokens: usize, d_in: usize, d_out: usize, device: &CudaDevice) -> (Tensor<Ad, 2>, Tensor<Ad, 2>, Linear<Ad>, Nf4Linear<Ad>) {
+    let linear = Linear { weight: Param::from_tensor(bf16([d_in, d_out], 0.02, device)), bias: None };
+    let nf4 = Nf4Linear::from_linear(&linear, QuantType::Nf4, 64, true);
+    (bf16([tokens, d_in], 1.0, device).require_grad(), bf16([tokens, d_out], 1.0, device), linear, nf4)
+}
+
 pub(super) fn bf16(shape: [usize; 2], std: f64, device: &CudaDevice) -> Tensor<Ad, 2> {
     Tensor::<Ad, 2>::random(shape, Distribution::Normal(0.0, std), device).cast(DType::BF16)
 }
@@ -146,11 +155,7 @@ pub(super) fn with_fused_layer<T>(value: &str, f: impl FnOnce() -> T) -> T {
 pub fn bench_steps(device: &CudaDevice) {
     let (tokens, rank) = (tokens(), rank());
     for (d_in, d_out) in STEPS {
-        let x = bf16([tokens, d_in], 1.0, device).require_grad();
-        let dy = bf16([tokens, d_out], 1.0, device);
-        let weight = bf16([d_in, d_out], 0.02, device);
-        let linear = Linear { weight: Param::from_tensor(weight), bias: None };
-        let nf4 = Nf4Linear::from_linear(&linear, QuantType::Nf4, 64, true);
+        let (x, dy, linear, nf4) = step_inputs(tokens, d_in, d_out, device);
         let y = dy.clone().require_grad();
         let loss_only = super::time_adaptive(device, 0.3, 100, || loss_step(&y, &dy));
         let base = step(&LoraLinear::frozen(linear.clone()), &x, &dy, device);
@@ -225,17 +230,14 @@ impl<BK: kiln::ops::nf4::Nf4Backend> LinearLayer<BK> for OwnForward<BK> {
     }
 }
 
-/// A QLoRA layer's step (NF4 base, [`rank`] 16, [`tokens`] 4096) as one op (`lora_linear_4bit`: on Hopper
-/// the dequantized weight into the fused layer kernel), with `KILN_LORA_LINEAR=0` (the same op on
-/// composed float products), and as the update added to the 4-bit product ([`OwnForward`]), each
-/// round next to its base's step, three rounds.
+/// A QLoRA layer's step (NF4 base, [`rank`] 16, [`tokens`] 4096) as one op (`lora_linear_4bit`:
+/// on Hopper the dequantized weight into the fused layer kernel), with `KILN_LORA_LINEAR=0` (the
+/// same op without that kernel), and as the update added to the 4-bit product by a layer of its
+/// own ([`OwnForward`]), each round next to its base's step, three rounds.
 pub fn bench_qlora_rounds(device: &CudaDevice) {
     let (tokens, rank) = (tokens(), rank());
     for (d_in, d_out) in STEPS {
-        let x = bf16([tokens, d_in], 1.0, device).require_grad();
-        let dy = bf16([tokens, d_out], 1.0, device);
-        let linear = Linear { weight: Param::from_tensor(bf16([d_in, d_out], 0.02, device)), bias: None };
-        let nf4 = Nf4Linear::from_linear(&linear, QuantType::Nf4, 64, true);
+        let (x, dy, _, nf4) = step_inputs(tokens, d_in, d_out, device);
         let base = LoraLinear::frozen(nf4.clone());
         let layer = LoraLinear::frozen(nf4.clone()).with_adapter(adapter(d_in, d_out, 0.0, device));
         let composed = LoraLinear::frozen(OwnForward { inner: nf4 }).with_adapter(adapter(d_in, d_out, 0.0, device));
