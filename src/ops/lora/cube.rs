@@ -56,9 +56,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> LoraBacken
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         #[cfg(feature = "cuda")]
         if let Some(fit) = fused::linear_takes(&x, &w, &b, bias.as_ref(), fused::Pass::Forward) {
-            let hs = products::scaled_factor(&Kernels::<Self>::backend(), x.clone(), a, &spec);
-            let y = fused::linear(fit, x, w, hs.clone(), b, bias, None);
-            return (y, hs);
+            return fused_forward::<R, F, I, BT>(fit, x, w, bias, a, b, spec);
         }
         products::linear_forward(&Kernels::<Self>::backend(), x, w, bias, a, b, spec)
     }
@@ -76,9 +74,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> LoraBacken
         #[cfg(feature = "cuda")]
         if let Some(fit) = fused::linear_4bit_takes(&x, w.layout, &b, bias.as_ref(), fused::Pass::Forward) {
             let dense = Self::float_transpose(Self::dequantize_4bit(w, x.dtype));
-            let hs = products::scaled_factor(&Kernels::<Self>::backend(), x.clone(), a, &spec);
-            let y = fused::linear(fit, x, dense, hs.clone(), b, bias, None);
-            return (y, hs);
+            return fused_forward::<R, F, I, BT>(fit, x, dense, bias, a, b, spec);
         }
         products::linear_4bit_forward(&Kernels::<Self>::backend(), x, w, bias, a, b, spec)
     }
@@ -99,10 +95,8 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> LoraBacken
         #[cfg(feature = "cuda")]
         if want_dx && spec.dropout.is_none() {
             if let Some(fit) = fused::linear_4bit_takes(&dy, w.layout, &a, prior.as_ref(), fused::Pass::InputGrad) {
-                let [dh, da, db] = products::rank_grads(&Kernels::<Self>::backend(), x, hs, b, dy.clone(), &spec, 1.0);
                 let dense = Self::float_transpose(Self::dequantize_4bit(w, dy.dtype));
-                let dx = fused::linear(fit, dy, dense, dh, a, None, prior);
-                return LoraLinearGrads { x: Some(dx), a: da, b: db };
+                return fused_backward::<R, F, I, BT>(fit, x, hs, dense, a, b, dy, spec, prior);
             }
         }
         products::linear_4bit_backward(&Kernels::<Self>::backend(), x, hs, w, a, b, dy, spec, prior, want_dx)
@@ -124,13 +118,48 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> LoraBacken
         #[cfg(feature = "cuda")]
         if want_dx && spec.dropout.is_none() {
             if let Some(fit) = fused::linear_takes(&dy, &w, &a, prior.as_ref(), fused::Pass::InputGrad) {
-                let [dh, da, db] = products::rank_grads(&Kernels::<Self>::backend(), x, hs, b, dy.clone(), &spec, 1.0);
-                let dx = fused::linear(fit, dy, w, dh, a, None, prior);
-                return LoraLinearGrads { x: Some(dx), a: da, b: db };
+                return fused_backward::<R, F, I, BT>(fit, x, hs, w, a, b, dy, spec, prior);
             }
         }
         products::linear_backward(&Kernels::<Self>::backend(), x, hs, w, a, b, dy, spec, prior, want_dx)
     }
+}
+
+/// `(y, hs)` of a LoRA layer with `y` by the fused layer kernel (`fit`, for the forward over the
+/// `[in, out]` weight `w`): the scaled factor `hs`, then `x · W + hs · Bᵀ + bias`.
+#[cfg(feature = "cuda")]
+fn fused_forward<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
+    fit: fused::LinearFit,
+    x: FloatTensor<CubeBackend<R, F, I, BT>>,
+    w: FloatTensor<CubeBackend<R, F, I, BT>>,
+    bias: Option<FloatTensor<CubeBackend<R, F, I, BT>>>,
+    a: FloatTensor<CubeBackend<R, F, I, BT>>,
+    b: FloatTensor<CubeBackend<R, F, I, BT>>,
+    spec: LoraSpec,
+) -> (FloatTensor<CubeBackend<R, F, I, BT>>, FloatTensor<CubeBackend<R, F, I, BT>>) {
+    let hs = products::scaled_factor(&Kernels::<CubeBackend<R, F, I, BT>>::backend(), x.clone(), a, &spec);
+    let y = fused::linear(fit, x, w, hs.clone(), b, bias, None);
+    (y, hs)
+}
+
+/// A LoRA layer's gradients with `dx = dy · Wᵀ + dh · A + prior` by the fused layer kernel (`fit`,
+/// for the input gradient over the `[in, out]` weight `w`), after the rank-r products.
+#[cfg(feature = "cuda")]
+#[allow(clippy::too_many_arguments)]
+fn fused_backward<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
+    fit: fused::LinearFit,
+    x: FloatTensor<CubeBackend<R, F, I, BT>>,
+    hs: FloatTensor<CubeBackend<R, F, I, BT>>,
+    w: FloatTensor<CubeBackend<R, F, I, BT>>,
+    a: FloatTensor<CubeBackend<R, F, I, BT>>,
+    b: FloatTensor<CubeBackend<R, F, I, BT>>,
+    dy: FloatTensor<CubeBackend<R, F, I, BT>>,
+    spec: LoraSpec,
+    prior: Option<FloatTensor<CubeBackend<R, F, I, BT>>>,
+) -> LoraLinearGrads<FloatTensor<CubeBackend<R, F, I, BT>>> {
+    let [dh, da, db] = products::rank_grads(&Kernels::<CubeBackend<R, F, I, BT>>::backend(), x, hs, b, dy.clone(), &spec, 1.0);
+    let dx = fused::linear(fit, dy, w, dh, a, None, prior);
+    LoraLinearGrads { x: Some(dx), a: da, b: db }
 }
 
 /// The `dy` pair and the one-pass `dx` on CUDA's tensor cores.

@@ -56,19 +56,17 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> Nf4Backend
 
     fn matmul_4bit(x: FloatTensor<Self>, weight: Quantized4Primitive<Self>) -> FloatTensor<Self> {
         let (m, k, l) = (x.shape()[0], x.shape()[1], weight.layout);
-        #[cfg(feature = "cuda")]
-        if let Some(kind) = mma::takes(&x, m, weight.layout) {
-            return mma::product(kind, dense(x), &dense_parts::<R, F, I, BT>(weight), mma::launch_gemv_mma);
-        }
-        #[cfg(feature = "cuda")]
-        if let Some(kind) = mma::takes_gemm(&x, m, weight.layout) {
-            return mma::product(kind, dense(x), &dense_parts::<R, F, I, BT>(weight), mma::launch_gemm);
-        }
-        if !gemv_fits(m, k) {
-            let dtype = x.dtype;
-            let w = Self::dequantize_4bit(weight, dtype);
-            let views = GemmViews::new(Shape::new([1, m, k]), Shape::new([1, l.n, k]), Shape::new([m, l.n]), GemmLayout::new(false, true));
-            return Self::gemm(x, w, None, None, views);
+        match path(&x, m, l) {
+            #[cfg(feature = "cuda")]
+            Path::GemvMma(kind) => return mma::product(kind, dense(x), &dense_parts::<R, F, I, BT>(weight), mma::launch_gemv_mma),
+            #[cfg(feature = "cuda")]
+            Path::Gemm(kind) => return mma::product(kind, dense(x), &dense_parts::<R, F, I, BT>(weight), mma::launch_gemm),
+            Path::Dequantize => {
+                let w = Self::dequantize_4bit(weight, x.dtype);
+                let views = GemmViews::new(Shape::new([1, m, k]), Shape::new([1, l.n, k]), Shape::new([m, l.n]), GemmLayout::new(false, true));
+                return Self::gemm(x, w, None, None, views);
+            }
+            Path::Gemv => {}
         }
         let (x, weight) = (dense(x), dense_parts::<R, F, I, BT>(weight));
         let out = empty_like_device(&x, [m, l.n], x.dtype);
@@ -96,12 +94,40 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> Nf4Backend
     }
 }
 
+/// How [`Nf4Backend::matmul_4bit`] multiplies `rows` rows of `x` (`[.., k]`) by a 4-bit weight.
+enum Path {
+    /// CUDA's tensor-core GEMV, half precision, a few rows.
+    #[cfg(feature = "cuda")]
+    GemvMma(kiln_kernels::cuda_source::FloatKind),
+    /// Hopper's GEMM that makes the weight's operand in registers.
+    #[cfg(feature = "cuda")]
+    Gemm(kiln_kernels::cuda_source::FloatKind),
+    /// The portable GEMV, a few rows.
+    Gemv,
+    /// A dequantized temporary weight and kiln's GEMM.
+    Dequantize,
+}
+
+fn path<R: CubeRuntime>(x: &CubeTensor<R>, rows: usize, l: Layout4) -> Path {
+    #[cfg(feature = "cuda")]
+    if let Some(kind) = mma::takes(x, rows, l) {
+        return Path::GemvMma(kind);
+    }
+    #[cfg(feature = "cuda")]
+    if let Some(kind) = mma::takes_gemm(x, rows, l) {
+        return Path::Gemm(kind);
+    }
+    #[cfg(not(feature = "cuda"))]
+    let _ = x;
+    if gemv_fits(rows, l.k) { Path::Gemv } else { Path::Dequantize }
+}
+
 /// Whether [`Nf4Backend::matmul_4bit`] multiplies `rows` rows of `x` (`[.., k]`) on CUDA by the
 /// packed weight itself (a GEMV, or on Hopper the GEMM that makes the weight's operand in
 /// registers) rather than through a dequantized temporary and kiln's GEMM.
 #[cfg(feature = "cuda")]
 pub(crate) fn reads_packed<R: CubeRuntime>(x: &CubeTensor<R>, rows: usize, l: Layout4) -> bool {
-    mma::takes(x, rows, l).is_some() || mma::takes_gemm(x, rows, l).is_some() || gemv_fits(rows, l.k)
+    !matches!(path(x, rows, l), Path::Dequantize)
 }
 
 /// Every part dense, the words (and nested codes) in a 32-bit int dtype, which the kernels read
