@@ -17,6 +17,8 @@ mod linear_cross_entropy;
 mod gemm;
 #[path = "gpu_check/dora.rs"]
 mod dora;
+#[path = "gpu_check/host_profile.rs"]
+mod host_profile;
 #[path = "gpu_check/lora.rs"]
 mod lora;
 #[path = "gpu_check/nf4.rs"]
@@ -451,6 +453,9 @@ fn main() {
     }
     if mode == "rms-norm-calls" {
         bench_rms_norm_calls(&device);
+    }
+    if mode == "host-profile" {
+        host_profile::run(&device, &std::env::args().skip(2).collect::<Vec<_>>());
     }
     if mode == "gemm-host" {
         gemm::bench_host(&device);

@@ -150,7 +150,7 @@ pub fn exact_quantization(device: &CudaDevice) -> bool {
 }
 
 /// An NF4 weight at block 64, double-quantized unless `KILN_NF4_NESTED=0` (for measurements).
-fn weight<BK: burn::tensor::backend::Backend<Device = CudaDevice> + ops::nf4::Nf4Backend>(k: usize, n: usize, device: &CudaDevice) -> Quantized4<BK> {
+pub(super) fn weight<BK: burn::tensor::backend::Backend<Device = CudaDevice> + ops::nf4::Nf4Backend>(k: usize, n: usize, device: &CudaDevice) -> Quantized4<BK> {
     let w = Tensor::<BK, 2>::random([n, k], Distribution::Normal(0.0, 0.02), device).cast(DType::BF16);
     let nested = std::env::var("KILN_NF4_NESTED").as_deref() != Ok("0");
     Quantized4::quantize(w, QuantType::Nf4, 64, nested)

@@ -78,7 +78,7 @@ fn verdict(pass: bool) -> &'static str {
 }
 
 
-fn weight<BK: Backend<Device = CudaDevice> + ops::ternary::TernaryBackend>(n: usize, k: usize, device: &CudaDevice) -> TernaryWeight<BK> {
+pub(super) fn weight<BK: Backend<Device = CudaDevice> + ops::ternary::TernaryBackend>(n: usize, k: usize, device: &CudaDevice) -> TernaryWeight<BK> {
     TernaryWeight::quantize(bf16::<BK, 2>([n, k], device), n)
 }
 
