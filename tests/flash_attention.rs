@@ -101,8 +101,9 @@ fn flash_attention_rejects_a_bias_that_does_not_broadcast() {
 }
 
 /// The backward's `D = Σ dO·O` row kernel on raw wgpu buffers against a host f64 sum: ragged row
-/// counts and widths (one that takes 4-wide vectors, one that takes none), the output poisoned
-/// with NaN so a row the kernel skips fails.
+/// counts and widths (one that takes 4-wide vectors, one that takes none), operands stored as
+/// `[batch, heads, len, width]` or as `[batch, len, heads, width]` (the Hopper forward's output
+/// and a model's gradient), the output poisoned with NaN so a row the kernel skips fails.
 #[test]
 fn row_dot_kernel_matches_host_sums() {
     use cubecl::prelude::*;
@@ -110,19 +111,27 @@ fn row_dot_kernel_matches_host_sums() {
     let Some(device) = common::wgpu_device() else { return };
     let client = cubecl::wgpu::WgpuRuntime::client(&device);
     let f32_type = f32::as_type_native_unchecked().storage_type();
-    for (rows, width) in [(37usize, 80usize), (5, 33), (1000, 128)] {
-        let values = |seed: u64| -> Vec<f32> { common::random(&[rows * width], seed).convert::<f32>().to_vec().unwrap() };
+    // Element strides of (batch, head, row) for a `[b, h, l, w]` operand stored head-major or
+    // sequence-major.
+    let strides = |[_, h, l, w]: [usize; 4], seq_major: bool| if seq_major { [l * h * w, w, h * w] } else { [h * l * w, l * w, w] };
+    let cases = [([1usize, 1, 37, 80], [false, false]), ([1, 1, 5, 33], [false, false]), ([2, 5, 100, 128], [true, false]), ([3, 4, 7, 64], [true, true]), ([2, 3, 9, 36], [false, true])];
+    for (shape @ [batch, heads, len, width], layouts) in cases {
+        let (rows, size) = (batch * heads * len, batch * heads * len * width);
+        let values = |seed: u64| -> Vec<f32> { common::random(&[size], seed).convert::<f32>().to_vec().unwrap() };
         let (a, b) = (values(1), values(2));
         let upload = |v: &[f32]| client.create_from_slice(f32::as_bytes(v));
         let (a_h, b_h, out_h) = (upload(&a), upload(&b), upload(&vec![f32::NAN; rows]));
         // SAFETY: each length is the element count of the buffer uploaded for it.
         let arg = |h: &cubecl::server::Handle, len: usize| unsafe { ArrayArg::from_raw_parts(h.clone(), len) };
-        launch_row_dot(&client, f32_type, rows, width, arg(&a_h, a.len()), arg(&b_h, b.len()), arg(&out_h, rows)).unwrap();
+        let [sa, sb] = layouts.map(|seq_major| strides(shape, seq_major));
+        launch_row_dot(&client, f32_type, shape, (arg(&a_h, size), sa), (arg(&b_h, size), sb), arg(&out_h, rows)).unwrap();
         let got = f32::from_bytes(&client.read_one(out_h).expect("read back")).to_vec();
         for (r, value) in got.iter().enumerate() {
-            let want: f64 = (0..width).map(|c| a[r * width + c] as f64 * b[r * width + c] as f64).sum();
+            let (n, h, i) = (r / (heads * len), (r / len) % heads, r % len);
+            let at = |[sn, sh, si]: [usize; 3], c: usize| n * sn + h * sh + i * si + c;
+            let want: f64 = (0..width).map(|c| a[at(sa, c)] as f64 * b[at(sb, c)] as f64).sum();
             let tol = 1e-5 * (width as f64).sqrt() * (1.0 + want.abs());
-            assert!((*value as f64 - want).abs() <= tol, "rows {rows} width {width}: delta[{r}] = {value} vs {want}");
+            assert!((*value as f64 - want).abs() <= tol, "{shape:?} {layouts:?}: delta[{r}] = {value} vs {want}");
         }
     }
 }

@@ -10,28 +10,55 @@ use super::plan::BLOCK_ROWS;
 use super::*;
 use crate::row::{RowLayout, lane_sum, row_index, row_sum, vector_size_for};
 
-/// `delta[row] = Σ d_out[row, :] · out[row, :]` in f32 over dense `[rows, width]` tensors: the
-/// backward's `D`, one read of each input (Burn ops took two casts, a product and a sum, five
-/// passes over f32 copies).
+/// Strides, in vectors, of the first three axes of a `[batch, heads, len, width]` operand of
+/// [`row_dot_kernel`].
+#[derive(CubeLaunch, CubeType)]
+pub struct VectorStrides {
+    batch: u32,
+    head: u32,
+    row: u32,
+}
+
+#[cube]
+impl VectorStrides {
+    /// The first vector of row `pos` of (`batch`, `head`).
+    fn at(&self, batch: usize, head: usize, pos: usize) -> usize {
+        batch * self.batch as usize + head * self.head as usize + pos * self.row as usize
+    }
+}
+
+/// `delta[row] = Σ d_out[row, :] · out[row, :]` in f32 over `[batch, heads, len, width]` tensors
+/// with unit-stride rows at any strides of their first three axes (in vectors), `delta` dense
+/// `[batch, heads, len]`: the backward's `D`, one read of each input (Burn ops took two casts, a
+/// product and a sum, five passes over f32 copies). The strides let the Hopper forward's output
+/// and the gradient that reaches it stay in the `[batch, len, heads, width]` layout a model's
+/// projections read and write.
 #[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
 fn row_dot_kernel<F: Float, N: Size>(
     d_out: &Array<Vector<F, N>>,
     out: &Array<Vector<F, N>>,
     delta: &mut Array<f32>,
     rows: usize,
     width: usize,
+    heads: usize,
+    len: usize,
+    d_out_strides: VectorStrides,
+    out_strides: VectorStrides,
     #[comptime] layout: RowLayout,
     #[define(F)] _dtype: StorageType,
 ) {
     let row = row_index(layout);
     let width_vectors = width / N::value();
-    let base = row * width_vectors;
+    let (batch, head, pos) = (row / (heads * len), (row / len) % heads, row % len);
+    let d_out_base = d_out_strides.at(batch, head, pos);
+    let out_base = out_strides.at(batch, head, pos);
     let mut sum = Vector::<f32, N>::new(0.0);
     #[unroll]
     for i in 0..layout.vectors_per_unit {
         let col = i * layout.units_per_row + UNIT_POS_X as usize;
         if row < rows && col < width_vectors {
-            sum += Vector::cast_from(d_out[base + col]) * Vector::cast_from(out[base + col]);
+            sum += Vector::cast_from(d_out[d_out_base + col]) * Vector::cast_from(out[out_base + col]);
         }
     }
     let total = row_sum(lane_sum(sum), layout);
@@ -291,27 +318,52 @@ fn backward_kv_kernel<F: Float>(
     }
 }
 
-/// Launch `delta = Σ d_out · out` per row of the dense `[rows, width]` `d_out` and `out` (of
-/// `dtype`) into the f32 `delta` (`rows`), all bound as arrays. Rows up to 32 vectors per unit
-/// wide (far past any head size) fit; wider ones are refused.
+/// Launch `delta = Σ d_out · out` per row of the `[batch, heads, len, width]` `d_out` and `out`
+/// (of `dtype`; unit-stride rows, the element strides of the first three axes given, each within
+/// 32 bits; every row inside its array) into the dense f32 `delta` (`[batch, heads, len]`), all
+/// bound as arrays. Rows up to 32 vectors per unit wide (far past any head size) fit; wider ones
+/// are refused.
+#[allow(clippy::too_many_arguments)]
 pub fn launch_row_dot<R: Runtime>(
     client: &ComputeClient<R>,
     dtype: StorageType,
-    rows: usize,
-    width: usize,
-    d_out: ArrayArg<R>,
-    out: ArrayArg<R>,
+    [batch, heads, len, width]: [usize; 4],
+    d_out: (ArrayArg<R>, [usize; 3]),
+    out: (ArrayArg<R>, [usize; 3]),
     delta: ArrayArg<R>,
 ) -> Result<(), crate::row::RowTooWide> {
+    let rows = batch * heads * len;
     if rows == 0 {
         return Ok(());
     }
-    let vector_size = vector_size_for(client, width, dtype.size(), 16);
+    let mut vector_size = vector_size_for(client, width, dtype.size(), 16);
+    while vector_size > 1 && d_out.1.iter().chain(&out.1).any(|s| !s.is_multiple_of(vector_size)) {
+        vector_size /= 2;
+    }
     let layout = RowLayout::new(client, width / vector_size, vector_size, 4)?;
-    // SAFETY: `d_out` and `out` hold `rows × width` elements, `delta` `rows`; `vector_size`
-    // divides `width`, and the kernel checks rows and columns against those sizes.
+    let narrow = |s: usize| u32::try_from(s / vector_size).expect("kiln::flash_attention row_dot: a stride past 32 bits of vectors");
+    let strides = |[b, h, r]: [usize; 3]| VectorStridesLaunch::new(narrow(b), narrow(h), narrow(r));
+    // SAFETY: every row of `d_out` and `out` lies in its array (the caller's promise), `delta`
+    // holds `rows`; `vector_size` divides `width` and every stride, and the kernel checks rows and
+    // columns against those sizes.
     unsafe {
-        row_dot_kernel::launch_unchecked::<R>(client, layout.cube_count(client, rows), layout.cube_dim(), vector_size, d_out, out, delta, rows, width, layout, dtype)
+        row_dot_kernel::launch_unchecked::<R>(
+            client,
+            layout.cube_count(client, rows),
+            layout.cube_dim(),
+            vector_size,
+            d_out.0,
+            out.0,
+            delta,
+            rows,
+            width,
+            heads,
+            len,
+            strides(d_out.1),
+            strides(out.1),
+            layout,
+            dtype,
+        )
     };
     Ok(())
 }

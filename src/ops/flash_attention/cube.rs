@@ -143,7 +143,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashAtten
         plan.tensor_cores &= [&q, &k, &v, &d_output].into_iter().all(rows_copyable);
         let client = q.client.clone();
         let dtype = storage(&q);
-        let delta = row_dot(d_output.clone(), output, [shape.batch, shape.q_heads, shape.q_len]);
+        let delta = row_dot(d_output.clone(), output);
         // The tensor-core backward adds dQ into a zeroed f32 accumulator (cast afterwards); the
         // portable one writes it in the input dtype. The accumulator is rank 1: the kernel
         // indexes it densely, and CUDA may pad the rows of a fresh rank-4 tensor.
@@ -199,13 +199,28 @@ fn query_grad<B: Backend>(dq: FloatTensor<B>, q: &FloatTensor<B>) -> FloatTensor
     B::float_reshape(B::float_cast(dq, FloatDType::from(q.dtype())), q.shape())
 }
 
-/// `Σ_d a · b` per row of two `[.., d]` tensors, in f32, shaped `stats`.
-fn row_dot<R: CubeRuntime>(a: CubeTensor<R>, b: CubeTensor<R>, stats: [usize; 3]) -> CubeTensor<R> {
-    let (a, b) = (dense(a), dense(b));
-    let width = a.shape()[3];
-    let rows = stats.iter().product();
-    let delta = empty_like_device(&a, stats, DType::F32);
-    launch_row_dot(&a.client, storage(&a), rows, width, a.clone().into_array_arg(), b.into_array_arg(), delta.clone().into_array_arg())
+/// `Σ_d a · b` per row of two `[batch, heads, len, d]` tensors, in f32, dense `[batch, heads,
+/// len]`. An operand whose elements are a dense buffer in another axis order (the Hopper forward's
+/// output and the gradient that reaches it are `[batch, len, heads, d]` underneath) is read where
+/// it lies; any other is made dense first.
+fn row_dot<R: CubeRuntime>(a: CubeTensor<R>, b: CubeTensor<R>) -> CubeTensor<R> {
+    let [a, b] = [a, b].map(|t| if permuted_dense(&t) { t } else { dense(t) });
+    let shape = a.shape();
+    let delta = empty_like_device(&a, [shape[0], shape[1], shape[2]], DType::F32);
+    let strides = |t: &CubeTensor<R>| {
+        let s = t.meta.strides();
+        [s[0], s[1], s[2]]
+    };
+    let operand = |t: &CubeTensor<R>| (t.clone().into_array_arg(), strides(t));
+    launch_row_dot(&a.client, storage(&a), [shape[0], shape[1], shape[2], shape[3]], operand(&a), operand(&b), delta.clone().into_array_arg())
         .unwrap_or_else(|e| panic!("kiln::flash_attention backward: head_dim {} is wider than the row kernel's {}", e.width, e.max));
     delta
+}
+
+/// Whether `t`'s elements fill its buffer exactly once in some axis order, rows unit-stride: its
+/// farthest element is its last.
+fn permuted_dense<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
+    let (shape, strides) = (t.meta.shape(), t.meta.strides());
+    let last = shape.iter().zip(strides.iter()).map(|(&n, &s)| (n - 1) * s).sum::<usize>();
+    strides[strides.len() - 1] == 1 && shape.iter().all(|&n| n > 0) && last + 1 == shape.num_elements()
 }

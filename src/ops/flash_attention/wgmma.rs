@@ -5,7 +5,7 @@
 
 use std::sync::OnceLock;
 
-use burn::tensor::{DType, TensorMetadata};
+use burn::tensor::DType;
 use burn_cubecl::{CubeRuntime, tensor::CubeTensor};
 use cubecl::cuda::CudaRuntime;
 use cubecl::prelude::ComputeClient;
@@ -27,6 +27,17 @@ fn row_strides<R: CubeRuntime>(t: &CubeTensor<R>) -> Option<RowStrides> {
     let s = t.meta.strides();
     let narrow = |i: usize| u32::try_from(s[i]).ok();
     Some(RowStrides { batch: narrow(0)?, head: narrow(1)?, row: narrow(2)? })
+}
+
+/// A fresh `[batch, heads, len, d]` tensor like `like`, stored as `[batch, len, heads, d]`: the
+/// layout a model's `swap_dims(1, 2)` and reshape to `[batch, len, heads · d]` read (and its
+/// projections' gradients arrive in) without a copy. Dense outputs cost a Llama-3.2-1B QLoRA step
+/// ~2.5 ms of copies on the H200 (`benches/RESULTS.md`, 54th session).
+fn sequence_major<R: CubeRuntime>(like: &CubeTensor<R>, shape: [usize; 4]) -> CubeTensor<R> {
+    let [batch, heads, len, d] = shape;
+    let mut t = empty_like_device(like, [batch, len, heads, d], like.dtype);
+    t.meta.swap(1, 2);
+    t
 }
 
 /// The kernel variant for this problem, and the CUDA client to launch it on, if the Hopper
@@ -72,9 +83,10 @@ pub(super) fn forward<R: CubeRuntime>(
         return None;
     }
     let (qs, ks, vs) = (row_strides(q)?, row_strides(k)?, row_strides(v)?);
-    let output = empty_like_device(q, q.shape(), q.dtype);
+    let output = sequence_major(q, [shape.batch, shape.q_heads, shape.q_len, shape.head_dim]);
     let lse = empty_like_device(q, [shape.batch, shape.q_heads, shape.q_len], DType::F32);
-    let args = ForwardArgs { q: (binding(q), qs), k: (binding(k), ks), v: (binding(v), vs), out: binding(&output), lse: binding(&lse) };
+    let out = (binding(&output), row_strides(&output)?);
+    let args = ForwardArgs { q: (binding(q), qs), k: (binding(k), ks), v: (binding(v), vs), out, lse: binding(&lse) };
     launch_forward(client, variant, shape, options.scale_for(shape.head_dim) as f32, args);
     Some((output, lse))
 }
@@ -103,8 +115,9 @@ pub(super) fn backward<R: CubeRuntime>(
     let strides = [q, k, v, d_out].map(row_strides);
     let [Some(qs), Some(ks), Some(vs), Some(ds)] = strides else { return None };
     let lse = dense(lse.clone());
-    let dk = empty_like_device(k, k.shape(), k.dtype);
-    let dv = empty_like_device(v, v.shape(), v.dtype);
+    let kv_shape = [shape.batch, shape.kv_heads, shape.kv_len, shape.head_dim];
+    let (dk, dv) = (sequence_major(k, kv_shape), sequence_major(k, kv_shape));
+    let kv_grads = row_strides(&dk)?;
     let args = BackwardArgs {
         q: (binding(q), qs),
         k: (binding(k), ks),
@@ -115,6 +128,7 @@ pub(super) fn backward<R: CubeRuntime>(
         dq: binding(dq),
         dk: binding(&dk),
         dv: binding(&dv),
+        kv_grads,
     };
     launch_backward(client, variant, shape, options.scale_for(shape.head_dim) as f32, args);
     Some((dk, dv))

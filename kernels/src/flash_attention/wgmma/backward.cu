@@ -56,6 +56,7 @@
 struct BackwardInfo {
     u32 q_heads, group, q_len, kv_len;
     RowStrides q, k, v, d_out;
+    RowStrides kv_grads;  // of dk and dv (one layout)
     float scale;       // softmax scale
     float scale_log2;  // softmax scale · log2(e)
 };
@@ -164,14 +165,14 @@ __device__ __forceinline__ void gradient_products(float (&dv)[KV_REGS], float (&
 }
 
 // Stores `scale ·` a warpgroup's 64 × d accumulator rows `row0`, `row0 + 8` (when below `rows`)
-// into the dense `[rows, KILN_D]` matrix at `out`.
-__device__ __forceinline__ void store_rows(u16* out, const float (&acc)[KV_REGS], int row0, int rows, float scale) {
+// into the `[rows, KILN_D]` matrix at `out`, rows `stride` elements apart.
+__device__ __forceinline__ void store_rows(u16* out, u32 stride, const float (&acc)[KV_REGS], int row0, int rows, float scale) {
     const int lane = threadIdx.x % 32;
     #pragma unroll
     for (int x = 0; x < 2; ++x) {
         const int row = row0 + 8 * x;
         if (row >= rows) continue;
-        u32* dst = reinterpret_cast<u32*>(out + (u64)row * KILN_D);
+        u32* dst = reinterpret_cast<u32*>(out + (u64)row * stride);
         #pragma unroll
         for (int i = 0; i < KV_REGS / 4; ++i) dst[i * 4 + lane % 4] = pack(acc[4 * i + 2 * x] * scale, acc[4 * i + 2 * x + 1] * scale);
     }
@@ -180,7 +181,7 @@ __device__ __forceinline__ void store_rows(u16* out, const float (&acc)[KV_REGS]
 // q `[batch, q_heads, q_len, d]`, d_out likewise, k/v `[batch, kv_heads, kv_len, d]` (rows
 // 16-byte aligned, any strides); lse and delta dense f32 `[batch, q_heads, q_len]` (lse natural
 // log, from the forward; delta = Σ dO·O); dq dense f32 `[batch, q_heads, q_len, d]`, zeroed
-// (added into); dk, dv dense `[batch, kv_heads, kv_len, d]` in the input dtype.
+// (added into); dk, dv `[batch, kv_heads, kv_len, d]` in the input dtype at `p.kv_grads`' strides.
 // Grid (key blocks of 128, kv_heads, batch), 256 threads, KILN_SHARED_BYTES of shared memory.
 __device__ __forceinline__ void attention_backward(const u16* q_all, const u16* k_all, const u16* v_all, const u16* do_all, const float* lse_all,
                                                    const float* delta_all, float* dq_all, u16* dk_all, u16* dv_all, const BackwardInfo& p) {
@@ -264,10 +265,11 @@ __device__ __forceinline__ void attention_backward(const u16* q_all, const u16* 
         }
     }
 
-    const u64 kv_rows = ((u64)batch * (p.q_heads / p.group) + kv_head) * p.kv_len + key0;
+    const RowStrides g = p.kv_grads;
+    const u64 first = (u64)batch * g.batch + (u64)kv_head * g.head + (u64)key0 * g.row;
     const int rows = (int)p.kv_len - key0;
-    store_rows(dk_all + kv_rows * KILN_D, dk, key_row, rows, p.scale);
-    store_rows(dv_all + kv_rows * KILN_D, dv, key_row, rows, 1.f);
+    store_rows(dk_all + first, g.row, dk, key_row, rows, p.scale);
+    store_rows(dv_all + first, g.row, dv, key_row, rows, 1.f);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) kiln_attention_backward(

@@ -51,7 +51,7 @@
 // Scalars of a launch (CubeCL passes them as one struct by value, after the buffers).
 struct Info {
     u32 q_heads, group, q_len, kv_len;
-    RowStrides q, k, v;
+    RowStrides q, k, v, out;
     float scale_log2;  // softmax scale · log2(e)
 };
 
@@ -226,7 +226,7 @@ __device__ __forceinline__ void attention_forward(const u16* q_all, const u16* k
         if (row >= (int)p.q_len) continue;
         float inv = sum > 0.f ? 1.f / sum : 0.f;
         u64 stat = ((u64)batch * p.q_heads + head) * p.q_len + row;
-        u32* out = reinterpret_cast<u32*>(out_all + stat * KILN_D);
+        u32* out = reinterpret_cast<u32*>(out_all + (u64)batch * p.out.batch + (u64)head * p.out.head + (u64)row * p.out.row);
         #pragma unroll
         for (int i = 0; i < O_REGS / 4; ++i) out[i * 4 + lane % 4] = pack(o[4 * i + 2 * x] * inv, o[4 * i + 2 * x + 1] * inv);
         if (lane % 4 == 0) lse[stat] = sum > 0.f ? rows.max[x] * 0.69314718f + __logf(sum) : KILN_EMPTY_LSE;

@@ -125,13 +125,13 @@ fn problem_words(shape: AttentionShape) -> Vec<u32> {
     [shape.q_heads, shape.q_heads / shape.kv_heads, shape.q_len, shape.kv_len].map(|n| n as u32).to_vec()
 }
 
-/// Operands of a forward: q, k, v (rows 16-byte aligned, unit last stride), out dense in q's
-/// shape and dtype, lse dense f32 `[batch, q_heads, q_len]`.
+/// Operands of a forward: q, k, v (rows 16-byte aligned, unit last stride), out in q's shape and
+/// dtype (unit last stride, any other strides), lse dense f32 `[batch, q_heads, q_len]`.
 pub struct ForwardArgs {
     pub q: (Binding, RowStrides),
     pub k: (Binding, RowStrides),
     pub v: (Binding, RowStrides),
-    pub out: Binding,
+    pub out: (Binding, RowStrides),
     pub lse: Binding,
 }
 
@@ -141,15 +141,16 @@ pub fn launch_forward(client: &ComputeClient<CudaRuntime>, variant: WgmmaVariant
     let rows = 64 * warpgroups;
     let cubes = CubeCount::Static(shape.q_len.div_ceil(rows) as u32, shape.q_heads as u32, shape.batch as u32);
     let mut scalars = problem_words(shape);
-    scalars.extend([args.q.1, args.k.1, args.v.1].into_iter().flat_map(RowStrides::words));
+    scalars.extend([args.q.1, args.k.1, args.v.1, args.out.1].into_iter().flat_map(RowStrides::words));
     scalars.push((scale * std::f32::consts::LOG2_E).to_bits());
-    let buffers = vec![args.q.0, args.k.0, args.v.0, args.out, args.lse];
+    let buffers = vec![args.q.0, args.k.0, args.v.0, args.out.0, args.lse];
     variant.forward_kernel().launch(client, cubes, buffers, &scalars);
 }
 
 /// Operands of a backward: q, k, v, d_out (rows 16-byte aligned, unit last stride); lse (the
 /// forward's) and delta (`Σ dO·O` per row) dense f32 `[batch, q_heads, q_len]`; dq dense f32 in
-/// q's shape, zeroed (the kernel adds into it); dk, dv dense in k's shape and dtype.
+/// q's shape, zeroed (the kernel adds into it); dk, dv in k's shape and dtype, both at the strides
+/// `kv_grads` (unit last stride).
 pub struct BackwardArgs {
     pub q: (Binding, RowStrides),
     pub k: (Binding, RowStrides),
@@ -160,13 +161,14 @@ pub struct BackwardArgs {
     pub dq: Binding,
     pub dk: Binding,
     pub dv: Binding,
+    pub kv_grads: RowStrides,
 }
 
 /// Enqueues the backward on `client`'s stream.
 pub fn launch_backward(client: &ComputeClient<CudaRuntime>, variant: WgmmaVariant, shape: AttentionShape, scale: f32, args: BackwardArgs) {
     let cubes = CubeCount::Static(shape.kv_len.div_ceil(BACKWARD_KEYS) as u32, shape.kv_heads as u32, shape.batch as u32);
     let mut scalars = problem_words(shape);
-    scalars.extend([args.q.1, args.k.1, args.v.1, args.d_out.1].into_iter().flat_map(RowStrides::words));
+    scalars.extend([args.q.1, args.k.1, args.v.1, args.d_out.1, args.kv_grads].into_iter().flat_map(RowStrides::words));
     scalars.extend([scale, scale * std::f32::consts::LOG2_E].map(f32::to_bits));
     let buffers = vec![args.q.0, args.k.0, args.v.0, args.d_out.0, args.lse, args.delta, args.dq, args.dk, args.dv];
     variant.backward_kernel().launch(client, cubes, buffers, &scalars);
