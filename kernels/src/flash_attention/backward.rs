@@ -319,8 +319,8 @@ fn backward_kv_kernel<F: Float>(
 }
 
 /// Launch `delta = Σ d_out · out` per row of the `[batch, heads, len, width]` `d_out` and `out`
-/// (of `dtype`; unit-stride rows, the element strides of the first three axes given, each within
-/// 32 bits; every row inside its array) into the dense f32 `delta` (`[batch, heads, len]`), all
+/// (of `dtype`; unit-stride rows, the element strides of the first three axes given, as a
+/// tensor's view of its buffer has them) into the dense f32 `delta` (`[batch, heads, len]`), all
 /// bound as arrays. Rows up to 32 vectors per unit wide (far past any head size) fit; wider ones
 /// are refused.
 #[allow(clippy::too_many_arguments)]
@@ -343,8 +343,8 @@ pub fn launch_row_dot<R: Runtime>(
     let layout = RowLayout::new(client, width / vector_size, vector_size, 4)?;
     let narrow = |s: usize| u32::try_from(s / vector_size).expect("kiln::flash_attention row_dot: a stride past 32 bits of vectors");
     let strides = |[b, h, r]: [usize; 3]| VectorStridesLaunch::new(narrow(b), narrow(h), narrow(r));
-    // SAFETY: every row of `d_out` and `out` lies in its array (the caller's promise), `delta`
-    // holds `rows`; `vector_size` divides `width` and every stride, and the kernel checks rows and
+    // SAFETY: every row of `d_out` and `out` lies in its array (a view's elements lie in its
+    // buffer), `delta` holds `rows`; `vector_size` divides `width` and every stride, and the kernel checks rows and
     // columns against those sizes.
     unsafe {
         row_dot_kernel::launch_unchecked::<R>(

@@ -200,27 +200,18 @@ fn query_grad<B: Backend>(dq: FloatTensor<B>, q: &FloatTensor<B>) -> FloatTensor
 }
 
 /// `Σ_d a · b` per row of two `[batch, heads, len, d]` tensors, in f32, dense `[batch, heads,
-/// len]`. An operand whose elements are a dense buffer in another axis order (the Hopper forward's
-/// output and the gradient that reaches it are `[batch, len, heads, d]` underneath) is read where
-/// it lies; any other is made dense first.
+/// len]`. Operands with unit-stride rows are read at their strides (the Hopper forward's output
+/// and the gradient that reaches it are `[batch, len, heads, d]` underneath); others are made
+/// dense first.
 fn row_dot<R: CubeRuntime>(a: CubeTensor<R>, b: CubeTensor<R>) -> CubeTensor<R> {
-    let [a, b] = [a, b].map(|t| if permuted_dense(&t) { t } else { dense(t) });
+    let [a, b] = [a, b].map(|t| if t.meta.strides()[3] == 1 { t } else { dense(t) });
     let shape = a.shape();
     let delta = empty_like_device(&a, [shape[0], shape[1], shape[2]], DType::F32);
-    let strides = |t: &CubeTensor<R>| {
+    let operand = |t: &CubeTensor<R>| {
         let s = t.meta.strides();
-        [s[0], s[1], s[2]]
+        (t.clone().into_array_arg(), [s[0], s[1], s[2]])
     };
-    let operand = |t: &CubeTensor<R>| (t.clone().into_array_arg(), strides(t));
     launch_row_dot(&a.client, storage(&a), [shape[0], shape[1], shape[2], shape[3]], operand(&a), operand(&b), delta.clone().into_array_arg())
         .unwrap_or_else(|e| panic!("kiln::flash_attention backward: head_dim {} is wider than the row kernel's {}", e.width, e.max));
     delta
-}
-
-/// Whether `t`'s elements fill its buffer exactly once in some axis order, rows unit-stride: its
-/// farthest element is its last.
-fn permuted_dense<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
-    let (shape, strides) = (t.meta.shape(), t.meta.strides());
-    let last = shape.iter().zip(strides.iter()).map(|(&n, &s)| (n - 1) * s).sum::<usize>();
-    strides[strides.len() - 1] == 1 && shape.iter().all(|&n| n > 0) && last + 1 == shape.num_elements()
 }
