@@ -55,7 +55,9 @@ def symbolize(exe, vaddrs):
 def crate(name):
     if name.startswith('['):
         return name.split('?')[0].rstrip(']') + ']'
-    core = re.sub(r'^<', '', name)
+    # llvm-symbolizer leaves Rust's legacy escapes in trait impls' names (`_$LT$a..b$u20$as$u20$..`).
+    core = name.replace('_$LT$', '<').replace('$LT$', '<').replace('$u20$', ' ').replace('..', '::')
+    core = re.sub(r'^<', '', core)
     core = re.sub(r'^(impl |dyn )', '', core)
     return core.split('::')[0].split('<')[0].split(' ')[0] or name
 
