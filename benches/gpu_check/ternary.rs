@@ -28,7 +28,8 @@ const INT8_PEAK: f64 = 1979e12;
 /// 6912 and 20000 (cubes of 512 and 1024 threads) and element loads at 1000; one row of 100000,
 /// beyond its shared memory, and 3, 5 and 8 rows: the two-kernel path, from compute capability
 /// 8.0 the integer MMA kernel) and GEMM rows at model sizes (on the H100 the wgmma GEMM: 17 rows,
-/// 512, and 300 rows against a ragged `[1001, 2600]` weight whose last k block is half padding).
+/// 512, and 300 rows against a ragged `[1001, 2600]` weight whose last k block is half padding),
+/// and under its stream-K schedule: shared blocks alone, whole waves then shared blocks.
 pub fn parity(device: &CudaDevice) -> bool {
     let shapes = [
         shape(1, 2560, 6912, 2560),
@@ -41,9 +42,14 @@ pub fn parity(device: &CudaDevice) -> bool {
         shape(17, 1024, 4096, 1024),
         shape(512, 640, 2048, 640),
         shape(300, 1001, 2600, 7),
-        // On the H100 the wgmma GEMM splits k over 3, 2 and 2 cubes a tile for the last three
-        // above and over 3 for this one (`wgmma::splits`).
         shape(40, 700, 3000, 700),
+        // On 132 SMs the wgmma GEMM splits k over a cluster for the last four above (3, 2, 2 and
+        // 3 cubes a tile: `wgmma::grid`) and takes its stream-K schedule for the next two (k of
+        // 3000: 24 blocks, the last half padding): 133 ragged tiles, all their blocks shared over
+        // the 132 cubes; 300 ragged tiles, one whole wave, then the last 168 tiles' blocks shared
+        // (a tile's owner gathering from one helper).
+        shape(33, 17000, 3000, 17000),
+        shape(33, 38363, 3000, 38363),
     ];
     let mut ok = true;
     for dtype in [DType::F32, DType::F16, DType::BF16] {

@@ -11,7 +11,9 @@ Usage on the GPU machine, from the repository root:
     python3 benches/probes/ternary_gemm.py [variant.cu ...]   (default: the committed kernel)
 Environment: SHAPES (`m`x`n`x`k` list), KINDS (output kinds checked at every shape, 0 f32, 1 f16,
 2 bf16; default all three on the first shape, bf16 after; timings are of the last kind), SPLITS
-(KILN_SPLITS values, each a variant of every source: cubes a tile splitting k; default 1)."""
+(KILN_SPLITS values, each a variant of every source: cubes a tile splitting k over a cluster;
+default 1), CUBES (the grid of a stream-K source without a cluster split: `tiles` for one tile a
+cube, a number, or by default `wgmma::grid`'s rule on 132 SMs)."""
 import os, subprocess, sys, re
 import torch
 
@@ -64,7 +66,9 @@ class Variant:
         # A variant that bulk-copies activations takes them block-major and pre-swizzled
         # (`[k / 128][m][128]`, the 16-byte chunk c of row r at c ^ (r % 8)).
         self.tiled = "cp.async.bulk" in text
-        self.cache = {}
+        # A stream-K source takes its sync buffer (zero) and the helpers' slots after `out`.
+        self.stream_k = "u32* __restrict__ sync" in text
+        self.cache, self.buffers = {}, {}
 
     def function(self, kind):
         if kind not in self.cache:
@@ -75,9 +79,27 @@ class Variant:
 
     def launch(self, kind, m, n, row_words, group, bufs, stream):
         fn, shared, threads, toks = self.function(kind)
-        cubes = -(-m // toks) * -(-n // FEATS) * self.splits
+        tiles = -(-m // toks) * -(-n // FEATS)
+        cubes = tiles * self.splits
+        if self.stream_k:
+            if self.splits == 1:
+                cubes = stream_k_cubes(tiles)
+            if cubes not in self.buffers:  # a launch leaves the sync buffer zero for the next
+                self.buffers[cubes] = (cp.zeros(1024, dtype=cp.uint32), cp.empty(cubes * FEATS * toks, dtype=cp.uint32))
+            bufs = bufs + self.buffers[cubes]
         u = cp.uint32
         fn((cubes,), (threads,), bufs + (u(m), u(n), u(row_words), u(group)), shared_mem=shared, stream=stream)
+
+
+def stream_k_cubes(tiles, sms=132):
+    """`wgmma::grid` without a cluster split: one cube an SM for more tiles than SMs (stream-K),
+    else one a tile; or `CUBES` (`tiles`, or a number)."""
+    want = os.environ.get("CUBES")
+    if want == "tiles":
+        return tiles
+    if want:
+        return int(want)
+    return sms if tiles > sms else tiles
 
 
 def pack(codes):

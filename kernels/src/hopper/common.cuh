@@ -2,8 +2,8 @@
 // `wgmma/`, the ternary GEMM and input gradient): shared-memory addresses, 16-byte `cp.async`
 // copies, mbarriers for bulk copies, 2-D tensor copies (TMA) onto them, wgmma descriptors and synchronization, and the register
 // fences that keep ptxas from moving values across an asynchronous MMA, and the sum of a k split
-// over a thread-block cluster (`gather_splits`, with `KILN_CLUSTER` for the kernel's declaration), the grouped tile order of the GEMMs
-// (`grouped_tile`) and the barriers of warp-specialized cubes (`role_sync`, `makers_finish`). kiln places this file
+// over a thread-block cluster (`gather_splits`, with `KILN_CLUSTER` for the kernel's declaration), the stream-K schedule of
+// the GEMMs (`for_each_segment`, with `publish_sums` and `gather_sums`), their grouped tile order (`grouped_tile`) and the barriers of warp-specialized cubes (`role_sync`, `makers_finish`). kiln places this file
 // first, before a kernel's wrappers and source.
 //
 // A 128-byte-swizzled tile stores rows of 128 bytes: the 16-byte chunk `c` of row `r` sits at
@@ -188,6 +188,144 @@ __device__ __forceinline__ bool makers_finish(int rank) {
     if (SPLITS > 1 && gather_splits_idle(rank)) return true;
     role_sync<THREADS>();  // the output tile is staged
     return false;
+}
+
+// Stream-K, for a GEMM of at least as many tiles as cubes (at most one cube an SM): each cube takes whole
+// tiles for as many whole waves as leave between one and two waves' worth of tiles (in
+// `grouped_tile`'s order: tile `w · grid + ticket` in wave `w`), then an equal share of those last
+// tiles' reduction blocks, counted across tile boundaries. 172 tiles on 132 SMs then take 1.3
+// tile-times, not two whole waves. A tile whose blocks fall to several cubes is finished by the
+// one holding its first block (its owner): each other cube (a helper) leaves its sums in a global
+// slot of its own and raises its flag, and the owner adds the slots to its own sums, in a fixed
+// order, before its epilogue. No share starts fewer than 4 blocks from a tile's edge: a part of a
+// few blocks costs a part's fixed time (its pipeline's start, its sums' store) for little work.
+//
+// Cubes are numbered by a ticket taken when they start (`take_ticket`), not by `blockIdx`, and
+// the shares run in falling order of ticket: a tile's helpers hold later blocks, which come first
+// in their own runs, and lower tickets, so an owner only ever waits on cubes that started before
+// it. No wait can deadlock, however many cubes are resident at once, and a helper's flag is
+// usually up long before its owner, at the end of its own run, looks.
+//
+// The launch's sync buffer holds the ticket counter (word 0) and one flag per ticket (words 1…):
+// zero before a launch and zero again after it (the counter wraps at the grid's size, each flag
+// is lowered by the owner that reads it), so one buffer serves every launch queued on a stream.
+struct StreamK {
+    u32 tiles;   // output tiles of the launch, no fewer than the grid's cubes
+    u32 blocks;  // reduction blocks of a tile
+};
+
+// One cube's part of a tile: blocks `[kb0, kb0 + blocks)` of tile `tile` (in `grouped_tile`'s
+// order). `helpers` counts the cubes (tickets `ticket − 1`, `ticket − 2`, …) that hold the
+// tile's blocks past this part, for an owner; 0 otherwise.
+struct Segment {
+    u32 tile;
+    int kb0, blocks, helpers;
+    __device__ __forceinline__ bool helps() const { return kb0 > 0; }
+};
+
+// This cube's ticket: its rank in the order in which the launch's cubes started (thread 0 takes
+// it; every thread of the cube gets it through `slot`, a shared word), or its index where the
+// launch has a cube a tile and no cube waits on another (the atomic's round trip, ahead of the
+// cube's first copies, cost such launches 5–9%). The barrier also publishes what the cube's
+// threads wrote before it.
+__device__ __forceinline__ u32 take_ticket(u32* sync, u32* slot, u32 tiles) {
+    if (threadIdx.x == 0 && tiles > gridDim.x) *slot = atomicInc(sync, gridDim.x - 1);
+    __syncthreads();
+    return tiles > gridDim.x ? *slot : blockIdx.x;
+}
+
+// Where share `rank` of `shared` blocks (tiles of `blocks`) over `grid` cubes starts: its even
+// start, moved to its tile's edge where that is fewer than 4 blocks away, for tiles of 8 blocks or
+// more. Shares are longer than a tile, so even starts lie in distinct tiles, and two moved starts
+// could meet at one edge only less than 8 blocks apart: no share is left empty.
+__device__ __forceinline__ u64 share_start(u64 shared, u64 blocks, u32 rank, u32 grid) {
+    const u64 even = shared * rank / grid, first = even / blocks * blocks;
+    if (blocks < 8) return even;
+    return even - first < 4 ? first : (first + blocks - even < 4 ? first + blocks : even);
+}
+
+// Calls `f(segment)` for each of ticket `ticket`'s parts of the launch, in order (see `StreamK`).
+// One call site, so the segment's code (the whole main loop and epilogue) is inlined once: two
+// copies, one for the whole waves and one for the shared blocks, doubled the kernel's code, and
+// the first pass through the second copy waited on instruction fetches (17 µs a tile's epilogue).
+template <typename F>
+__device__ __forceinline__ void for_each_segment(const StreamK& s, u32 ticket, F f) {
+    const u32 grid = gridDim.x, full = s.tiles / grid, waves = s.tiles % grid == 0 ? full : full - 1;
+    const u64 blocks = s.blocks, shared = (u64)(s.tiles - waves * grid) * blocks;
+    const u32 rank = grid - 1 - ticket;  // shares in falling order of ticket
+    u64 at = 0, end = 0;
+    if (shared > 0) {
+        at = share_start(shared, blocks, rank, grid);
+        end = share_start(shared, blocks, rank + 1, grid);
+    }
+    u32 wave = 0;
+    #pragma unroll 1
+    while (wave < waves || at < end) {
+        Segment seg{wave * grid + ticket, 0, (int)blocks, 0};
+        if (wave < waves) {
+            ++wave;
+        } else {
+            const u64 tile = at / blocks, first = tile * blocks, stop = min(end, first + blocks);
+            if (at == first)
+                for (u32 r = rank + 1; share_start(shared, blocks, r, grid) < first + blocks; ++r) ++seg.helpers;
+            seg.tile = waves * grid + (u32)tile;
+            seg.kb0 = (int)(at - first);
+            seg.blocks = (int)(stop - at);
+            at = stop;
+        }
+        f(seg);
+    }
+}
+
+// Named barrier 2 over the THREADS threads of a cube that hold accumulators.
+template <int THREADS>
+__device__ __forceinline__ void accumulators_sync() { asm volatile("bar.sync 2, %0;" ::"n"(THREADS) : "memory"); }
+
+// A helper's sums: accumulator thread `t` stores `acc[4j … 4j+3]` at 16-byte unit `j · THREADS + t`
+// of slot `ticket` (N · THREADS words a slot) and, once every thread has, thread 0 raises the
+// slot's flag (a release at GPU scope, after the barrier: the owner's acquire then sees them all).
+template <int THREADS, typename T, int N>
+__device__ __forceinline__ void publish_sums(const T (&acc)[N], u32* slots, u32* sync, u32 ticket, u32 t) {
+    static_assert(N % 4 == 0, "whole 16-byte units");
+    u32* slot = slots + (u64)ticket * N * THREADS + 4 * t;
+    #pragma unroll
+    for (int j = 0; j < N / 4; ++j)
+        asm volatile("st.global.cg.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(slot + 4 * j * THREADS), "r"(accumulator_bits(acc[4 * j])), "r"(accumulator_bits(acc[4 * j + 1])),
+                     "r"(accumulator_bits(acc[4 * j + 2])), "r"(accumulator_bits(acc[4 * j + 3])) : "memory");
+    accumulators_sync<THREADS>();
+    if (t == 0) asm volatile("fence.acq_rel.gpu;\nst.relaxed.gpu.global.u32 [%0], 1;" ::"l"(sync + 1 + ticket) : "memory");
+}
+
+// An owner's gathering: for each of its `helpers` (tickets `ticket − 1` down), thread 0 waits for
+// the helper's flag and lowers it, and every accumulator thread adds the helper's slot to its sums
+// (in that order, so float sums are deterministic).
+template <int THREADS, typename T, int N>
+__device__ __forceinline__ void gather_sums(T (&acc)[N], const u32* slots, u32* sync, u32 ticket, int helpers, u32 t) {
+    #pragma unroll 1
+    for (int h = 1; h <= helpers; ++h) {
+        const u32 helper = ticket - h;
+        if (t == 0) {
+            u32 up;
+            do asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(up) : "l"(sync + 1 + helper) : "memory");
+            while (up == 0);
+            asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(sync + 1 + helper) : "memory");
+        }
+        accumulators_sync<THREADS>();
+        const u32* slot = slots + (u64)helper * N * THREADS + 4 * t;
+        // Four 16-byte loads in flight before their sums: one at a time, each waiting out the
+        // L2's latency, took 6–12 µs a helper.
+        #pragma unroll
+        for (int j = 0; j < N / 4; j += 4) {
+            u32 v[4][4];
+            #pragma unroll
+            for (int q = 0; q < 4; ++q)
+                asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v[q][0]), "=r"(v[q][1]), "=r"(v[q][2]), "=r"(v[q][3]) : "l"(slot + 4 * (j + q) * THREADS) : "memory");
+            #pragma unroll
+            for (int q = 0; q < 4; ++q)
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) add_accumulator_bits(acc[4 * (j + q) + e], v[q][e]);
+        }
+    }
 }
 
 // The tile `(tok0, f0)` of a GEMM's `tile`-th output tile of TOKS activation rows by FEATS weight

@@ -1,7 +1,16 @@
 //! CUDA C++ that kiln's Hopper kernels share (flash attention's `wgmma` kernels, the ternary and
 //! NF4 GEMMs): `common.cuh` (addresses, `cp.async`, wgmma descriptors and synchronization) first,
-//! then the warpgroup MMA wrappers a kernel uses, written out by `gen_wgmma.py`; and the GEMMs'
-//! rule for splitting a tile's reduction over a cluster ([`cluster_splits`]).
+//! then the warpgroup MMA wrappers a kernel uses, written out by `gen_wgmma.py`; the GEMMs' rule
+//! for splitting a tile's reduction over a cluster ([`cluster_splits`]); and the grid and buffers
+//! of a stream-K launch ([`stream_k_cubes`], [`stream_k_sync`]).
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+use cubecl::cuda::CudaRuntime;
+use cubecl::prelude::*;
+use cubecl::server::{Binding, Handle};
+use cubecl::stream_id::StreamId;
 
 /// Addresses, copies, descriptors, wgmma synchronization and register fences.
 pub const COMMON: &str = include_str!("common.cuh");
@@ -29,4 +38,24 @@ pub const MAX_SPLITS: usize = 3;
 pub fn cluster_splits(tiles: usize, blocks: usize, sms: usize) -> usize {
     let fit = if 4 * tiles <= sms { MAX_SPLITS } else if 2 * tiles <= sms { 2 } else { 1 };
     fit.min(blocks / SPLIT_MIN_BLOCKS).max(1)
+}
+
+/// Cubes of a stream-K launch (`common.cuh`'s `StreamK`) on a device of `sms` SMs: one an SM,
+/// within the [`STREAM_K_SYNC_BYTES`] buffer's flags.
+pub fn stream_k_cubes(sms: usize) -> usize {
+    sms.min(STREAM_K_SYNC_BYTES / 4 - 1)
+}
+
+/// Bytes of a stream-K sync buffer: the ticket counter and a flag for each of up to 1023 cubes.
+pub const STREAM_K_SYNC_BYTES: usize = 4096;
+
+/// The stream-K sync buffer of CUDA device `device` for the calling thread's CubeCL stream: zeroed
+/// once, and left zero by every launch (`common.cuh`'s `StreamK`), so the launches queued on one
+/// stream share it. One a stream, because launches on two streams may run at once.
+pub fn stream_k_sync(client: &ComputeClient<CudaRuntime>, device: usize) -> Binding {
+    type Buffers = Mutex<HashMap<(usize, u64), Handle>>;
+    static BUFFERS: OnceLock<Buffers> = OnceLock::new();
+    let mut buffers = BUFFERS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    let buffer = buffers.entry((device, StreamId::current().value)).or_insert_with(|| client.create_from_slice(&[0; STREAM_K_SYNC_BYTES]));
+    buffer.clone().binding()
 }

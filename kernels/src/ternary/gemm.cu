@@ -30,11 +30,14 @@
 // of the int8 peak (thirty-seventh session). Cubes walk the tiles in groups of GROUP activation
 // tiles, so a group's activations stay in L2 while its weights stream past once.
 //
-// Split k (KILN_SPLITS = 2 or 3, where a launch has too few tiles to fill the SMs): the SPLITS
-// cubes of a tile form one thread-block cluster and each runs its share of k's blocks; the others
-// leave their integer sums in their own shared memory and the tile's first cube adds them through
-// distributed shared memory (`ld.shared::cluster`) before its epilogue. Integer sums make the
-// split exact, and no global workspace or zeroing is needed.
+// Launches of more tiles than SMs take the stream-K schedule (`hopper/common.cuh`): one cube an SM,
+// whole tiles for the whole waves, then an equal share of the last tiles' blocks; a tile's helpers
+// leave their integer sums in global slots, which its owner adds before its epilogue. Launches of
+// fewer tiles than half the SMs split each tile's k over a cluster of SPLITS = 2 or 3 cubes instead
+// (`hopper::cluster_splits`), the others' sums added through distributed shared memory
+// (`gather_splits`): cheaper than the global slots where every tile is shared alike. Integer sums
+// make both splits exact. A cube reuses its stages and byte tiles from part to part, the
+// activations' mbarriers counted on across them (`ring`: the blocks the cube has run).
 //
 // Defines: KILN_OUT_KIND (0 f32, 1 f16, 2 bf16), KILN_SPLITS (1, 2, 3). kiln places `hopper/common.cuh`,
 // `hopper/wgmma_int.cuh` and `cuda_out.cuh` (the output element) before this source.
@@ -48,9 +51,14 @@
 #define VALS 3
 #define GROUP 8
 #define THREADS 384
+#define SPLITS KILN_SPLITS
 #define MAKERS 128
 #define MMA_THREADS 256
-#define SPLITS KILN_SPLITS
+// Registers a thread after the warpgroups' `setmaxnreg`: the MMA threads hold 128 accumulators
+// across the part loop. Without it ptxas kept every thread at 168 and spilled; with it the GEMM
+// ran 1–4% faster (fifty-fifth session).
+#define MAKER_REGS 56
+#define MMA_REGS 224
 #define ACT_TILE (TOKS * BK)
 #define W_TILE (FEATS * BK / 4)
 // An MMA warpgroup's weight rows of one block as bytes (its A operand); a slot holds both.
@@ -145,9 +153,8 @@ __device__ __forceinline__ void load_scales(Scales* s, const float* x_scales, co
 #endif
 }
 
-// Where the activation tile of the cube's block `kb` (counted from its first) lands: stage
-// `kb % STAGES`.
-__device__ __forceinline__ u32 stage_at(u32 base, int kb) { return base + (kb % STAGES) * ACT_TILE; }
+// Where the cube's `ring`-th activation block lands: stage `ring % STAGES`.
+__device__ __forceinline__ u32 stage_at(u32 base, int ring) { return base + (ring % STAGES) * ACT_TILE; }
 
 // Where block `kb`'s packed weight rows land: slot `kb % W_STAGES` of the weight's ring, right after
 // the stages (so that an f32 output tile can span both).
@@ -163,13 +170,13 @@ __device__ __forceinline__ u32 scales_at(u32 base) { return base + STAGES * ACT_
 // The mbarrier on which stage `s`'s activation copy lands, after the scales.
 __device__ __forceinline__ u32 landed_at(u32 base, int s) { return scales_at(base) + SCALES_BYTES + 8 * s; }
 
-// Stages the activations of the cube's block `kb` (block `kb0 + kb` of k): TOKS rows of BK bytes,
-// one bulk copy (rows past `m` are not copied: whatever the stage held there only reaches outputs
+// Stages the activations of block `kb` of k as the cube's `ring`-th: TOKS rows of BK bytes, one
+// bulk copy (rows past `m` are not copied: whatever the stage held there only reaches outputs
 // that are never stored).
-__device__ __forceinline__ void load_acts(u32 base, const unsigned char* acts, const GemmParams& p, u32 tok0, int kb0, int kb) {
-    const u32 bytes = min((u32)TOKS, p.m - tok0) * BK, landed = landed_at(base, kb % STAGES);
+__device__ __forceinline__ void load_acts(u32 base, const unsigned char* acts, const GemmParams& p, u32 tok0, int kb, int ring) {
+    const u32 bytes = min((u32)TOKS, p.m - tok0) * BK, landed = landed_at(base, ring % STAGES);
     barrier_expect(landed, bytes);
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(stage_at(base, kb)), "l"(acts + ((u64)(kb0 + kb) * p.m + tok0) * BK),
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(stage_at(base, ring)), "l"(acts + ((u64)kb * p.m + tok0) * BK),
                  "r"(bytes), "r"(landed) : "memory");
 }
 
@@ -229,86 +236,149 @@ __device__ __forceinline__ void stage_scaled(const int (&acc)[128], u32 tile, co
 }
 #endif
 
+// The first warpgroup's part of one segment: blocks `[kb0, kb0 + blocks)` of the tile at `(tok0,
+// f0)`, the cube's `ring`-th block onwards. Thread 0 stages the activations two blocks ahead;
+// each thread copies its weight row W_LEAD blocks ahead and expands the next block's.
+__device__ __forceinline__ void make_operands(u32 base, const unsigned char* acts, const unsigned char* w, const GemmParams& p, u32 tok0, u32 f0, int kb0, int blocks, int ring, u32 t) {
+    #pragma unroll
+    for (int kb = 0; kb < STAGES - 2; ++kb)
+        if (t == 0 && kb < blocks) load_acts(base, acts, p, tok0, kb0 + kb, ring + kb);
+    #pragma unroll
+    for (int kb = 0; kb < W_LEAD; ++kb) {
+        if (kb < blocks) load_weights(base, w, p, f0, kb0, kb, t);
+        copy_commit();
+    }
+    copy_wait<W_LEAD - 1>();
+    expand(base, 0, t);
+    for (int kb = 0; kb < blocks; ++kb) {
+        async_proxy_fence();  // the expanded bytes, before the barrier shows them to wgmma
+        role_sync<THREADS>();
+        if (t == 0 && kb + STAGES - 2 < blocks) load_acts(base, acts, p, tok0, kb0 + kb + STAGES - 2, ring + kb + STAGES - 2);
+        if (kb + W_LEAD < blocks) load_weights(base, w, p, f0, kb0, kb + W_LEAD, t);
+        copy_commit();
+        copy_wait<W_LEAD - 1>();
+        if (kb + 1 < blocks) expand(base, kb + 1, t);
+    }
+    copy_wait<0>();
+}
+
+// An MMA warpgroup's part of one segment: `blocks` blocks into `acc` (its 64 weight rows by TOKS
+// tokens), the cube's `ring`-th block onwards.
+__device__ __forceinline__ void multiply_blocks(int (&acc)[128], u32 base, int blocks, int ring, int c) {
+    #pragma unroll
+    for (int i = 0; i < 128; ++i) acc[i] = 0;
+    for (int kb = 0; kb < blocks; ++kb) {
+        role_sync<THREADS>();
+        barrier_wait(landed_at(base, (ring + kb) % STAGES), ((ring + kb) / STAGES) & 1);
+        const u32 stage = stage_at(base, ring + kb), a = codes_at(base, kb) + c * CODE_TILE;
+        wgmma_fence();
+        #pragma unroll
+        for (int s = 0; s < BK / 32; ++s) wgmma_ss_u8s8_n256(acc, descriptor(a + s * 32, 16, 1024), descriptor(stage + s * 32, 16, 1024));
+        wgmma_commit();
+        wgmma_wait<1>();
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+}
+
+// Calls `f(part)` for each of the cube's parts of the launch, from one call site (see
+// `for_each_segment`): with SPLITS > 1 its share of one tile's blocks (the cluster's first cube
+// finishes the tile), else its stream-K segments (one whole tile where the launch has a cube a
+// tile).
+template <typename F>
+__device__ __forceinline__ void for_each_part(const StreamK& work, u32 ticket, F f) {
+#if SPLITS > 1
+    const int rank = blockIdx.x % SPLITS, kb0 = work.blocks * rank / SPLITS;
+    f(Segment{blockIdx.x / SPLITS, kb0, (int)(work.blocks * (rank + 1) / SPLITS) - kb0, 0});
+#else
+    for_each_segment(work, ticket, f);
+#endif
+}
+
 // acts tiled int8 codes (`[blocks][m][128]`, above); x_scales, x_sums `[m]` f32 (the sums are integers);
-// w `[n, row_words]` packed words; w_scales one f32 per `group` rows; out dense `[m, n]`.
-// SPLITS cubes per (activation tile, weight tile), THREADS threads, KILN_SHARED_BYTES of shared memory.
+// w `[n, row_words]` packed words; w_scales one f32 per `group` rows; out dense `[m, n]`; sync the
+// stream-K counter and flags (`StreamK`: zero, 4 bytes more than 4 a cube); slots the helpers'
+// sums (128 KB a cube; unread where cubes take whole tiles). THREADS threads, KILN_SHARED_BYTES of
+// shared memory; SPLITS cubes a tile (a cluster) where SPLITS > 1.
 extern "C" __global__ void KILN_CLUSTER __launch_bounds__(THREADS, 1) kiln_ternary_gemm(
     const unsigned char* __restrict__ acts, const float* __restrict__ x_scales, const float* __restrict__ x_sums,
     const unsigned char* __restrict__ w, const float* __restrict__ w_scales, out_t* __restrict__ out,
-    const __grid_constant__ GemmParams p) {
+    u32* __restrict__ sync, u32* __restrict__ slots, const __grid_constant__ GemmParams p) {
     extern __shared__ unsigned char shared_raw[];
     const u32 base = (shared_address(shared_raw) + 1023) & ~1023u;
-    u32 tok0, f0;
-    grouped_tile<TOKS, FEATS, GROUP>(blockIdx.x / SPLITS, p.m, p.n, tok0, f0);
-    // This cube's share of k's blocks: [kb0, kb0 + blocks), 8 or more where k is split
-    // (`wgmma::splits`).
-    const int all = (p.row_words * 16 + BK - 1) / BK, rank = blockIdx.x % SPLITS;
-    const int kb0 = all * rank / SPLITS, blocks = all * (rank + 1) / SPLITS - kb0;
+    const StreamK work{((p.m + TOKS - 1) / TOKS) * ((p.n + FEATS - 1) / FEATS), (p.row_words * 16 + BK - 1) / BK};
     // The warpgroup, taken from lane 0 so that the compiler sees it uniform across a warp.
     const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) barrier_init(landed_at(base, s));
         barrier_init_fence();
     }
+#if SPLITS > 1
     __syncthreads();
+    const u32 ticket = 0;  // (unused: no stream-K slots)
+    const int rank = blockIdx.x % SPLITS;
+#else
+    __shared__ u32 ticket_slot;
+    const u32 ticket = take_ticket(sync, &ticket_slot, work.tiles);  // (its barrier also publishes the mbarriers)
+#endif
     Scales* scales = reinterpret_cast<Scales*>(shared_raw + (scales_at(base) - shared_address(shared_raw)));
     out_t* tile = reinterpret_cast<out_t*>(shared_raw + (base - shared_address(shared_raw)));
+    int ring = 0;  // blocks the cube has run: where the activations' stages and mbarriers stand
+    // A part that finishes its tile ends on three cube barriers: the stages are free (the MMAs are
+    // done), the output tile is staged in them, and it is written out (the next part's copies may
+    // overwrite it). A part that leaves its sums to another cube ends on the first.
     if (wg == 0) {
-        const u32 t = threadIdx.x;
-        #pragma unroll
-        for (int kb = 0; kb < STAGES - 2; ++kb)
-            if (t == 0 && kb < blocks) load_acts(base, acts, p, tok0, kb0, kb);
-        #pragma unroll
-        for (int kb = 0; kb < W_LEAD; ++kb) {
-            if (kb < blocks) load_weights(base, w, p, f0, kb0, kb, t);
-            copy_commit();
-        }
-        copy_wait<W_LEAD - 1>();
-        expand(base, 0, t);
-        for (int kb = 0; kb < blocks; ++kb) {
-            async_proxy_fence();  // the expanded bytes, before the barrier shows them to wgmma
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(MAKER_REGS));
+        for_each_part(work, ticket, [&](const Segment& s) {
+            u32 tok0, f0;
+            grouped_tile<TOKS, FEATS, GROUP>(s.tile, p.m, p.n, tok0, f0);
+            make_operands(base, acts, w, p, tok0, f0, s.kb0, s.blocks, ring, threadIdx.x);
+            ring += s.blocks;
             role_sync<THREADS>();
-            if (t == 0 && kb + STAGES - 2 < blocks) load_acts(base, acts, p, tok0, kb0, kb + STAGES - 2);
-            if (kb + W_LEAD < blocks) load_weights(base, w, p, f0, kb0, kb + W_LEAD, t);
-            copy_commit();
-            copy_wait<W_LEAD - 1>();
-            if (kb + 1 < blocks) expand(base, kb + 1, t);
-        }
-        if (makers_finish<THREADS, SPLITS>(rank)) return;
-    } else {
-        const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32, c = wg - 1;
-        load_scales(scales, x_scales, x_sums, w_scales, p, tok0, f0, threadIdx.x - MAKERS);
-        int acc[128];
-        #pragma unroll
-        for (int i = 0; i < 128; ++i) acc[i] = 0;
-        for (int kb = 0; kb < blocks; ++kb) {
-            role_sync<THREADS>();
-            barrier_wait(landed_at(base, kb % STAGES), (kb / STAGES) & 1);
-            const u32 stage = stage_at(base, kb), a = codes_at(base, kb) + c * CODE_TILE;
-            wgmma_fence();
-            #pragma unroll
-            for (int s = 0; s < BK / 32; ++s) wgmma_ss_u8s8_n256(acc, descriptor(a + s * 32, 16, 1024), descriptor(stage + s * 32, 16, 1024));
-            wgmma_commit();
-            wgmma_wait<1>();
-        }
-        wgmma_wait<0>();
-        fence_accumulators(acc);
-        role_sync<THREADS>();  // the stages are free: the split sums and the output tile reuse them
 #if SPLITS > 1
-        static_assert(128 * MMA_THREADS * 4 <= STAGES * ACT_TILE + W_STAGES * W_TILE, "the sums fit in the stages");
-        if (gather_splits<MMA_THREADS>(acc, base, rank, SPLITS, threadIdx.x - MAKERS)) return;
-#endif
-        // Scale into the output tile `[TOKS][OUT_PITCH]` in shared memory: acc[4j + 2h + e] is
-        // token 8j + 2t + e, weight row `row + 8h`.
-#if KILN_OUT_KIND == 0
-        const int row = c * 64 + warp * 16 + lane / 4;  // this thread's first weight row in the tile; the second is + 8
-        stage_transposed<TOKS / 8>(tile, OUT_PITCH, row, lane % 4, [&](int i, int tok, int h) {
-            return quotient(acc[i] - scales->sum[tok], scales->x[tok] * scales->w[row + 8 * h]);
-        });
+            if (gather_splits_idle(rank)) return;
 #else
-        stage_scaled(acc, shared_address(tile), scales, c, warp, lane);
+            if (s.helps()) return;
 #endif
-        role_sync<THREADS>();
+            role_sync<THREADS>();
+            store_tile<TOKS, FEATS, THREADS>(out, tile, OUT_PITCH, p.m, p.n, tok0, f0);
+            role_sync<THREADS>();
+        });
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(MMA_REGS));
+        const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32, c = wg - 1;
+        const u32 t = threadIdx.x - MAKERS;
+        for_each_part(work, ticket, [&](const Segment& s) {
+            u32 tok0, f0;
+            grouped_tile<TOKS, FEATS, GROUP>(s.tile, p.m, p.n, tok0, f0);
+            if (!s.helps()) load_scales(scales, x_scales, x_sums, w_scales, p, tok0, f0, t);
+            int acc[128];
+            multiply_blocks(acc, base, s.blocks, ring, c);
+            ring += s.blocks;
+            role_sync<THREADS>();
+#if SPLITS > 1
+            static_assert(128 * MMA_THREADS * 4 <= STAGES * ACT_TILE + W_STAGES * W_TILE, "the sums fit in the stages");
+            if (gather_splits<MMA_THREADS>(acc, base, rank, SPLITS, t)) return;
+#else
+            if (s.helps()) {
+                publish_sums<MMA_THREADS>(acc, slots, sync, ticket, t);
+                return;
+            }
+            gather_sums<MMA_THREADS>(acc, slots, sync, ticket, s.helpers, t);
+#endif
+            // Scale into the output tile `[TOKS][OUT_PITCH]` in shared memory: acc[4j + 2h + e] is
+            // token 8j + 2t + e, weight row `row + 8h`.
+#if KILN_OUT_KIND == 0
+            const int row = c * 64 + warp * 16 + lane / 4;  // this thread's first weight row in the tile; the second is + 8
+            stage_transposed<TOKS / 8>(tile, OUT_PITCH, row, lane % 4, [&](int i, int tok, int h) {
+                return quotient(acc[i] - scales->sum[tok], scales->x[tok] * scales->w[row + 8 * h]);
+            });
+#else
+            stage_scaled(acc, shared_address(tile), scales, c, warp, lane);
+#endif
+            role_sync<THREADS>();
+            store_tile<TOKS, FEATS, THREADS>(out, tile, OUT_PITCH, p.m, p.n, tok0, f0);
+            role_sync<THREADS>();
+        });
     }
-    store_tile<TOKS, FEATS, THREADS>(out, tile, OUT_PITCH, p.m, p.n, tok0, f0);
 }

@@ -15,7 +15,7 @@ use cubecl::prelude::*;
 
 use super::{MAX_K, PackedArgs, weight_row_words};
 use crate::cuda_source::{CudaSourceKernel, FloatKind, OUT_ELEMENT, fingerprint, swizzled_tile_map};
-use crate::hopper::{COMMON, MAX_SPLITS, WGMMA, WGMMA_INT, cluster_splits};
+use crate::hopper::{COMMON, MAX_SPLITS, WGMMA, WGMMA_INT, cluster_splits, stream_k_cubes, stream_k_sync};
 
 const SOURCE: &str = include_str!("gemm.cu");
 const FINGERPRINT: u64 = fingerprint(&[COMMON, WGMMA_INT, OUT_ELEMENT, SOURCE]);
@@ -57,18 +57,50 @@ fn tiles(m: usize, n: usize) -> usize {
     m.div_ceil(TOKS) * n.div_ceil(FEATS)
 }
 
-/// [`cluster_splits`] of the GEMM of `m` rows against `[n, k]` (k in blocks of 128 codes).
-fn splits(m: usize, n: usize, k: usize, sms: usize) -> usize {
-    cluster_splits(tiles(m, n), weight_row_words(k).div_ceil(8), sms)
+/// Blocks of a tile's reduction that stream-K must save each cube, against whole tiles in waves,
+/// before it pays for its shared tiles' fixed costs (a helper's sums stored, an owner's gathered,
+/// one more part's pipeline start: about 12 blocks' time). At 4096 rows against `[2048, 2048]`
+/// (256 tiles of 16 blocks: 1.94 waves, a block saved) stream-K made the product 8% slower; where
+/// it saves 15–43 blocks it ran 2–20% faster (fifty-fifth session).
+const STREAM_K_MIN_SAVED_BLOCKS: usize = 12;
+
+/// How the GEMM of `m` rows against `[n, k]` (k in blocks of 128 codes) spreads over the SMs:
+/// `(cubes, splits)`. Fewer tiles than half the SMs split k over a cluster ([`cluster_splits`]);
+/// more tiles than SMs take the stream-K schedule on one cube an SM ([`stream_k_cubes`]) where
+/// that saves each cube [`STREAM_K_MIN_SAVED_BLOCKS`] of the last wave's idle blocks, unless
+/// `KILN_TERNARY_STREAM_K=0` (for measurements); else one cube a tile. On the H200 against one cube
+/// a tile (fifty-fifth session, GPU time a product): 2048 rows against `[2560, 6912]` 67.2 against
+/// 84.4 µs, 512 rows against `[11008, 4096]` 49.6 against 54.6, against `[28672, 8192]` 181.5
+/// against 196.7. Sharing the blocks of fewer tiles than SMs over all SMs ran slower than a cube a
+/// tile (512 rows against `[6912, 2560]`: 28.6 against 21.2 µs) or a cluster split (`[4096,
+/// 11008]`: 46.8 against 40.4).
+fn grid(m: usize, n: usize, k: usize, sms: usize) -> (usize, usize) {
+    let (tiles, blocks) = (tiles(m, n), weight_row_words(k).div_ceil(8));
+    let splits = cluster_splits(tiles, blocks, sms);
+    if splits > 1 {
+        return (tiles * splits, splits);
+    }
+    let cubes = stream_k_cubes(sms);
+    let saved = (tiles.div_ceil(cubes) * cubes - tiles) * blocks / cubes;
+    let stream_k = tiles > cubes && saved >= STREAM_K_MIN_SAVED_BLOCKS && crate::measurement_override("KILN_TERNARY_STREAM_K", 0..=1) != Some(0);
+    (if stream_k { cubes } else { tiles }, 1)
+}
+
+/// Bytes of the helpers' sums of a launch of `cubes` cubes over `tiles` tiles: a tile's 128 × 256
+/// i32 sums a cube where the cubes share the last tiles' blocks, none where each takes whole tiles.
+fn slot_bytes(tiles: usize, cubes: usize) -> usize {
+    if tiles.is_multiple_of(cubes) { 0 } else { cubes * FEATS * TOKS * 4 }
 }
 
 /// Enqueues `out = (Σ c_w · q_x − Σ q_x) / (s_x · s_w)` for `m` activation rows (`args.x` in the
 /// [`super::ActCodes::Tiled`] layout) against the packed `[n, k]` weight (`group` rows a scale),
-/// output elements of `out_kind`, for a shape the kernel [`serves`].
-pub fn launch_gemm(client: &ComputeClient<CudaRuntime>, out_kind: FloatKind, m: usize, n: usize, k: usize, group: usize, args: PackedArgs) {
+/// output elements of `out_kind`, on CUDA device `device`, for a shape the kernel [`serves`].
+#[allow(clippy::too_many_arguments)]
+pub fn launch_gemm(client: &ComputeClient<CudaRuntime>, device: usize, out_kind: FloatKind, m: usize, n: usize, k: usize, group: usize, args: PackedArgs) {
     assert!(fits(m, n, k), "kiln ternary wgmma gemm: {m} rows against [{n}, {k}]");
     let sms = client.properties().hardware.num_streaming_multiprocessors.unwrap_or(132) as usize;
-    let splits = splits(m, n, k, sms);
+    let (cubes, splits) = grid(m, n, k, sms);
+    let slots = if splits > 1 { 0 } else { slot_bytes(tiles(m, n), cubes) };
     let kernel = CudaSourceKernel {
         entry: "kiln_ternary_gemm",
         key: (FINGERPRINT, vec![out_kind as u32, splits as u32]),
@@ -76,10 +108,12 @@ pub fn launch_gemm(client: &ComputeClient<CudaRuntime>, out_kind: FloatKind, m: 
         shared_bytes: SHARED_BYTES,
         source,
     };
-    let buffers = vec![args.x, args.x_scales, args.x_sums, args.words, args.w_scales, args.out];
+    let sync = stream_k_sync(client, device);
+    let slots = client.empty(slots.max(16)).binding();
+    let buffers = vec![args.x, args.x_scales, args.x_sums, args.words, args.w_scales, args.out, sync, slots];
     // `GemmParams`: rows, features, packed words a weight row, rows a scale.
     let params = [m, n, weight_row_words(k), group].map(|v| v as u32);
-    kernel.launch(client, CubeCount::Static((tiles(m, n) * splits) as u32, 1, 1), buffers, &params);
+    kernel.launch(client, CubeCount::Static(cubes as u32, 1, 1), buffers, &params);
 }
 
 /// `grad.cu`'s tile (`COLS` weight columns by `tokens` gradient rows), its dy box (`tokens` rows
@@ -176,27 +210,34 @@ pub fn launch_input_grad(client: &ComputeClient<CudaRuntime>, kind: FloatKind, m
 
 #[cfg(test)]
 mod tests {
-    use super::{grad_splits, group_magic, splits};
+    use super::{grad_splits, grid, group_magic, slot_bytes};
 
-    /// Tiles split k only while their clusters fit the SMs at once, each cube keeping 8 or more
-    /// blocks.
+    /// Tiles split k over a cluster while their clusters fit the SMs at once, each cube keeping 8
+    /// or more blocks; more tiles than SMs take stream-K on one cube an SM where it saves 12 blocks
+    /// a cube; else a cube a tile.
     #[test]
-    fn splits_fill_one_wave() {
+    fn grid_fits_the_sms() {
         let cases = [
-            ((512, 4096, 11008), 2),  // 64 tiles, 86 blocks
-            ((512, 11008, 4096), 1),  // 172 tiles
-            ((1024, 4096, 11008), 1), // 128 tiles
-            ((17, 1024, 4096), 3),    // 8 tiles, 32 blocks
-            ((40, 700, 3000), 3),     // 6 tiles, 24 blocks
-            ((300, 1001, 2600), 2),   // 16 tiles, 21 blocks
-            ((9, 64, 1000), 1),       // 8 blocks
-            ((9, 64, 1 << 20), 3),
-            ((512, 2560, 6912), 2),   // 40 tiles: three a tile would not fit
-            ((256, 4224, 4096), 3),   // 33 tiles
+            ((512, 4096, 11008), (128, 2)), // 64 tiles, 86 blocks
+            ((512, 11008, 4096), (132, 1)), // 172 tiles: stream-K
+            ((1024, 4096, 11008), (128, 1)), // 128 tiles
+            ((2048, 2560, 6912), (132, 1)), // 160 tiles: stream-K
+            ((4096, 2048, 2048), (256, 1)), // 256 tiles of 16 blocks: 1.94 waves
+            ((4096, 8192, 2048), (1024, 1)), // 7.76 waves of 16 blocks: 3 blocks saved
+            ((8192, 28672, 8192), (132, 1)), // 54.3 waves of 64 blocks
+            ((512, 6912, 2560), (108, 1)),  // 108 tiles
+            ((17, 1024, 4096), (24, 3)),    // 8 tiles, 32 blocks
+            ((40, 700, 3000), (18, 3)),     // 6 tiles, 24 blocks
+            ((300, 1001, 2600), (32, 2)),   // 16 tiles, 21 blocks
+            ((9, 64, 1000), (1, 1)),        // 8 blocks
+            ((512, 2560, 6912), (80, 2)),   // 40 tiles: three a tile would not fit
+            ((256, 4224, 4096), (99, 3)),   // 33 tiles
         ];
         for ((m, n, k), want) in cases {
-            assert_eq!(splits(m, n, k, 132), want, "{m} rows against [{n}, {k}]");
+            assert_eq!(grid(m, n, k, 132), want, "{m} rows against [{n}, {k}]");
         }
+        assert_eq!(slot_bytes(264, 132), 0);
+        assert_eq!(slot_bytes(172, 132), 132 * 128 * 256 * 4);
     }
 
     /// The input gradient takes 256-row tiles (128 for at most 128 rows) and splits the reduction

@@ -238,13 +238,13 @@ mod wgmma {
     pub(super) fn matmul<R: CubeRuntime>(x: &CubeTensor<R>, weight: &Weight<R>, norm: Option<&Norm<R>>) -> Option<CubeTensor<R>> {
         let client = cuda::client(x)?;
         let kind = cuda::float_kind(x.dtype)?;
-        let ([m, k], l) = (dims(x), weight.layout);
-        if !serves(m, l.n, k) || cuda::compute_capability(cuda::device_index(x)?)? != (9, 0) {
+        let ([m, k], l, device) = (dims(x), weight.layout, cuda::device_index(x)?);
+        if !serves(m, l.n, k) || cuda::compute_capability(device)? != (9, 0) {
             return None;
         }
         let [words, scales, sums] = packed_acts(x, true, norm);
         let out = empty_like_device(x, [m, l.n], x.dtype);
-        launch_gemm(client, kind, m, l.n, k, l.group, packed_args([&words, &scales, &sums], weight, &out));
+        launch_gemm(client, device, kind, m, l.n, k, l.group, packed_args([&words, &scales, &sums], weight, &out));
         Some(out)
     }
 
