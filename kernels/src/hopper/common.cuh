@@ -312,8 +312,7 @@ __device__ __forceinline__ void gather_sums(T (&acc)[N], const u32* slots, u32* 
         }
         accumulators_sync<THREADS>();
         const u32* slot = slots + (u64)helper * N * THREADS + 4 * t;
-        // Four 16-byte loads in flight before their sums: one at a time, each waiting out the
-        // L2's latency, took 6–12 µs a helper.
+        // Four 16-byte loads in flight before their sums (a helper's slot is read in about 2 µs).
         #pragma unroll
         for (int j = 0; j < N / 4; j += 4) {
             u32 v[4][4];
