@@ -41,17 +41,18 @@ pub fn cluster_splits(tiles: usize, blocks: usize, sms: usize) -> usize {
 }
 
 /// Cubes of a stream-K launch (`common.cuh`'s `StreamK`) on a device of `sms` SMs: one an SM,
-/// within the [`STREAM_K_SYNC_BYTES`] buffer's flags.
+/// within the sync buffer's 1023 flags ([`stream_k_sync`]).
 pub fn stream_k_cubes(sms: usize) -> usize {
     sms.min(STREAM_K_SYNC_BYTES / 4 - 1)
 }
 
 /// Bytes of a stream-K sync buffer: the ticket counter and a flag for each of up to 1023 cubes.
-pub const STREAM_K_SYNC_BYTES: usize = 4096;
+const STREAM_K_SYNC_BYTES: usize = 4096;
 
 /// The stream-K sync buffer of CUDA device `device` for the calling thread's CubeCL stream: zeroed
 /// once, and left zero by every launch (`common.cuh`'s `StreamK`), so the launches queued on one
-/// stream share it. One a stream, because launches on two streams may run at once.
+/// stream share it. One a stream, because launches on two streams may run at once; each is kept
+/// for the process's life (4 KB a thread that launched one).
 pub fn stream_k_sync(client: &ComputeClient<CudaRuntime>, device: usize) -> Binding {
     type Buffers = Mutex<HashMap<(usize, u64), Handle>>;
     static BUFFERS: OnceLock<Buffers> = OnceLock::new();

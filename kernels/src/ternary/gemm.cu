@@ -154,7 +154,7 @@ __device__ __forceinline__ void load_scales(Scales* s, const float* x_scales, co
 }
 
 // Where the cube's `ring`-th activation block lands: stage `ring % STAGES`.
-__device__ __forceinline__ u32 stage_at(u32 base, int ring) { return base + (ring % STAGES) * ACT_TILE; }
+__device__ __forceinline__ u32 stage_at(u32 base, u32 ring) { return base + (ring % STAGES) * ACT_TILE; }
 
 // Where block `kb`'s packed weight rows land: slot `kb % W_STAGES` of the weight's ring, right after
 // the stages (so that an f32 output tile can span both).
@@ -173,7 +173,7 @@ __device__ __forceinline__ u32 landed_at(u32 base, int s) { return scales_at(bas
 // Stages the activations of block `kb` of k as the cube's `ring`-th: TOKS rows of BK bytes, one
 // bulk copy (rows past `m` are not copied: whatever the stage held there only reaches outputs
 // that are never stored).
-__device__ __forceinline__ void load_acts(u32 base, const unsigned char* acts, const GemmParams& p, u32 tok0, int kb, int ring) {
+__device__ __forceinline__ void load_acts(u32 base, const unsigned char* acts, const GemmParams& p, u32 tok0, int kb, u32 ring) {
     const u32 bytes = min((u32)TOKS, p.m - tok0) * BK, landed = landed_at(base, ring % STAGES);
     barrier_expect(landed, bytes);
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(stage_at(base, ring)), "l"(acts + ((u64)kb * p.m + tok0) * BK),
@@ -239,7 +239,7 @@ __device__ __forceinline__ void stage_scaled(const int (&acc)[128], u32 tile, co
 // The first warpgroup's part of one segment: blocks `[kb0, kb0 + blocks)` of the tile at `(tok0,
 // f0)`, the cube's `ring`-th block onwards. Thread 0 stages the activations two blocks ahead;
 // each thread copies its weight row W_LEAD blocks ahead and expands the next block's.
-__device__ __forceinline__ void make_operands(u32 base, const unsigned char* acts, const unsigned char* w, const GemmParams& p, u32 tok0, u32 f0, int kb0, int blocks, int ring, u32 t) {
+__device__ __forceinline__ void make_operands(u32 base, const unsigned char* acts, const unsigned char* w, const GemmParams& p, u32 tok0, u32 f0, int kb0, int blocks, u32 ring, u32 t) {
     #pragma unroll
     for (int kb = 0; kb < STAGES - 2; ++kb)
         if (t == 0 && kb < blocks) load_acts(base, acts, p, tok0, kb0 + kb, ring + kb);
@@ -264,7 +264,7 @@ __device__ __forceinline__ void make_operands(u32 base, const unsigned char* act
 
 // An MMA warpgroup's part of one segment: `blocks` blocks into `acc` (its 64 weight rows by TOKS
 // tokens), the cube's `ring`-th block onwards.
-__device__ __forceinline__ void multiply_blocks(int (&acc)[128], u32 base, int blocks, int ring, int c) {
+__device__ __forceinline__ void multiply_blocks(int (&acc)[128], u32 base, int blocks, u32 ring, int c) {
     #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0;
     for (int kb = 0; kb < blocks; ++kb) {
@@ -323,7 +323,9 @@ extern "C" __global__ void KILN_CLUSTER __launch_bounds__(THREADS, 1) kiln_terna
 #endif
     Scales* scales = reinterpret_cast<Scales*>(shared_raw + (scales_at(base) - shared_address(shared_raw)));
     out_t* tile = reinterpret_cast<out_t*>(shared_raw + (base - shared_address(shared_raw)));
-    int ring = 0;  // blocks the cube has run: where the activations' stages and mbarriers stand
+    // Blocks the cube has run: where the activations' stages and mbarriers stand (unsigned, so that
+    // a stage and a parity are a mask and a shift).
+    u32 ring = 0;
     // A part that finishes its tile ends on three cube barriers: the stages are free (the MMAs are
     // done), the output tile is staged in them, and it is written out (the next part's copies may
     // overwrite it). A part that leaves its sums to another cube ends on the first.
