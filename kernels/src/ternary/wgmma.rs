@@ -60,8 +60,8 @@ fn tiles(m: usize, n: usize) -> usize {
 /// Blocks of a tile's reduction that stream-K must save each cube, against whole tiles in waves,
 /// before it pays for its shared tiles' fixed costs (a helper's sums stored, an owner's gathered,
 /// one more part's pipeline start: about 12 blocks' time). At 4096 rows against `[2048, 2048]`
-/// (256 tiles of 16 blocks: 1.94 waves, a block saved) stream-K made the product 8% slower; where
-/// it saves 15–43 blocks it ran 2–20% faster (fifty-fifth session).
+/// (256 tiles of 16 blocks: 1.94 waves, a block saved) stream-K made the product 8–16% slower;
+/// where it saves 14–44 blocks it ran 0–20% faster (fifty-fifth session).
 const STREAM_K_MIN_SAVED_BLOCKS: usize = 12;
 
 /// How the GEMM of `m` rows against `[n, k]` (k in blocks of 128 codes) spreads over the SMs:
